@@ -1,0 +1,182 @@
+//! Leases: claiming due tasks, keeping their leases alive, and handing unstarted ones back.
+//!
+//! Invariant: a task is `running` only while some runner holds an unexpired lease on it
+//! (`lease_owner`, `lease_expires_at`); every statement here that touches a running task is
+//! fenced by its lease owner.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+use super::{ActiveModule, ClaimedTask, ModuleSettings, QueueError, TaskId};
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Claims up to `limit` due tasks for `runner` in one statement (`FOR UPDATE SKIP LOCKED`, so
+/// concurrent claimers never wait on each other or take the same task). `task_types` empty
+/// means any type. Each claimed task is `running` at attempt `attempts + 1`, leased for
+/// `lease`.
+pub async fn claim_batch<'c, E: PgExecutor<'c>>(
+    executor: E,
+    runner: Uuid,
+    limit: usize,
+    task_types: &[String],
+    lease: Duration,
+) -> Result<Vec<ClaimedTask>, QueueError> {
+    // The active module of each task's type is resolved in the same statement, so a newly
+    // activated version applies to every task claimed after the activation committed.
+    let rows: Vec<ClaimRow> = sqlx::query_as(
+        r#"
+        with picked as (
+            select id from tasks
+            where state in ('pending', 'retrying')
+              and run_at <= now()
+              and (cardinality($3::text[]) = 0 or task_type = any($3::text[]))
+            order by priority desc, run_at, id
+            limit $2
+            for update skip locked
+        ),
+        claimed as (
+            update tasks t
+            set state = 'running',
+                attempts = t.attempts + 1,
+                lease_owner = $1,
+                lease_expires_at = now() + $4 * interval '1 millisecond',
+                updated_at = now()
+            from picked
+            where t.id = picked.id
+            returning t.id, t.tenant, t.task_type, t.payload, t.attempts, t.max_attempts,
+                      t.run_at, t.created_at
+        )
+        select c.id, c.tenant, c.task_type, c.payload, c.attempts as attempt, c.max_attempts,
+               c.run_at, c.created_at, m.version, m.sha256, m.fuel, m.timeout_ms,
+               m.memory_bytes, m.max_attempts as module_max_attempts, m.backoff_base_ms,
+               m.backoff_cap_ms
+        from claimed c
+        left join active_modules a on a.tenant = c.tenant and a.task_type = c.task_type
+        left join modules m
+               on m.tenant = a.tenant and m.task_type = a.task_type and m.version = a.version
+        "#,
+    )
+    .bind(runner)
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .bind(task_types)
+    .bind(millis(lease))
+    .fetch_all(executor)
+    .await?;
+    Ok(rows.into_iter().map(ClaimRow::into_task).collect())
+}
+
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    id: TaskId,
+    tenant: String,
+    task_type: String,
+    payload: Value,
+    attempt: i32,
+    max_attempts: i32,
+    run_at: DateTime<Utc>,
+    created_at: DateTime<Utc>,
+    version: Option<i32>,
+    sha256: Option<String>,
+    fuel: Option<i64>,
+    timeout_ms: Option<i64>,
+    memory_bytes: Option<i64>,
+    module_max_attempts: Option<i32>,
+    backoff_base_ms: Option<i64>,
+    backoff_cap_ms: Option<i64>,
+}
+
+impl ClaimRow {
+    fn into_task(self) -> ClaimedTask {
+        let module = match (self.version, self.sha256) {
+            (Some(version), Some(sha256)) => Some(ActiveModule {
+                version,
+                sha256,
+                settings: ModuleSettings {
+                    fuel: self.fuel,
+                    timeout_ms: self.timeout_ms,
+                    memory_bytes: self.memory_bytes,
+                    max_attempts: self.module_max_attempts,
+                    backoff_base_ms: self.backoff_base_ms,
+                    backoff_cap_ms: self.backoff_cap_ms,
+                },
+            }),
+            _ => None,
+        };
+        ClaimedTask {
+            id: self.id,
+            tenant: self.tenant,
+            task_type: self.task_type,
+            payload: self.payload,
+            attempt: self.attempt,
+            max_attempts: self.max_attempts,
+            run_at: self.run_at,
+            created_at: self.created_at,
+            module,
+        }
+    }
+}
+
+/// Extends every lease `runner` holds to `now() + lease` and refreshes its `runners` row, in
+/// one statement. Returns how many task leases were extended.
+pub async fn heartbeat_leases<'c, E: PgExecutor<'c>>(
+    executor: E,
+    runner: Uuid,
+    lease: Duration,
+) -> Result<u64, QueueError> {
+    let (extended,): (i64,) = sqlx::query_as(
+        r#"
+        with beat as (
+            -- data-modifying CTEs run whether or not they are referenced
+            update runners set last_heartbeat_at = now() where id = $1
+        ),
+        extended as (
+            update tasks set lease_expires_at = now() + $2 * interval '1 millisecond'
+            where state = 'running' and lease_owner = $1
+            returning id
+        )
+        select count(*) from extended
+        "#,
+    )
+    .bind(runner)
+    .bind(millis(lease))
+    .fetch_one(executor)
+    .await?;
+    Ok(u64::try_from(extended).unwrap_or(0))
+}
+
+/// Hands tasks that `runner` claimed but never started back to the queue, as if never claimed
+/// (the attempt is not counted). Fenced by owner and attempt; returns the ids released.
+pub async fn release_batch<'c, E: PgExecutor<'c>>(
+    executor: E,
+    runner: Uuid,
+    tasks: &[(TaskId, i32)],
+) -> Result<Vec<TaskId>, QueueError> {
+    let (ids, attempts): (Vec<TaskId>, Vec<i32>) = tasks.iter().copied().unzip();
+    let released: Vec<(TaskId,)> = sqlx::query_as(
+        r#"
+        update tasks t
+        set state = case when t.attempts > 1 then 'retrying' else 'pending' end,
+            attempts = t.attempts - 1,
+            lease_owner = null,
+            lease_expires_at = null,
+            updated_at = now()
+        from unnest($2::int8[], $3::int4[]) as r(id, attempt)
+        where t.id = r.id and t.state = 'running' and t.lease_owner = $1
+          and t.attempts = r.attempt
+        returning t.id
+        "#,
+    )
+    .bind(runner)
+    .bind(&ids)
+    .bind(&attempts)
+    .fetch_all(executor)
+    .await?;
+    Ok(released.into_iter().map(|(id,)| id).collect())
+}

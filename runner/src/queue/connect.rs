@@ -1,0 +1,68 @@
+//! Connecting: a pool sized for the runner, the database created if missing, migrations
+//! applied.
+
+use std::time::Duration;
+
+use sqlx::{
+    migrate::MigrateDatabase,
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool, Postgres,
+};
+
+use super::{QueueError, MIGRATOR};
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    #[error("invalid database url: {0}")]
+    BadUrl(#[source] sqlx::Error),
+    #[error("cannot create database: {0}")]
+    Create(#[source] sqlx::Error),
+    #[error("cannot connect to the database: {0}")]
+    Connect(#[source] sqlx::Error),
+    #[error("migrations failed: {0}")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+}
+
+impl From<ConnectError> for QueueError {
+    fn from(e: ConnectError) -> Self {
+        match e {
+            ConnectError::BadUrl(e) | ConnectError::Create(e) | ConnectError::Connect(e) => {
+                QueueError::Database(e)
+            }
+            ConnectError::Migrate(e) => QueueError::Database(sqlx::Error::Migrate(Box::new(e))),
+        }
+    }
+}
+
+/// Opens a pool of `max_connections`, creating the database if it does not exist and
+/// applying pending migrations.
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, ConnectError> {
+    let options: PgConnectOptions = url.parse().map_err(ConnectError::BadUrl)?;
+    if !Postgres::database_exists(url).await.map_err(ConnectError::Connect)? {
+        Postgres::create_database(url).await.map_err(ConnectError::Create)?;
+    }
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .map_err(ConnectError::Connect)?;
+    migrate(&pool).await?;
+    Ok(pool)
+}
+
+/// Applies pending migrations. Safe to run from many runners at once (sqlx takes an advisory
+/// lock).
+pub async fn migrate(pool: &PgPool) -> Result<(), ConnectError> {
+    MIGRATOR.run(pool).await.map_err(ConnectError::Migrate)
+}
+
+/// True when every embedded migration has been applied.
+pub async fn migrations_done(pool: &PgPool) -> Result<bool, QueueError> {
+    let applied: Vec<i64> =
+        sqlx::query_scalar(r#"select version from _sqlx_migrations where success"#)
+            .fetch_all(pool)
+            .await?;
+    Ok(MIGRATOR.iter().all(|m| applied.contains(&m.version)))
+}

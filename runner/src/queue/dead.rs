@@ -1,0 +1,210 @@
+//! Operator actions and reads on single tasks: cancel, requeue from the dead-letter table,
+//! show one task, list dead tasks.
+//!
+//! Scoping: every function takes `tenant: Option<&str>`; `Some(t)` sees only tenant `t`'s rows
+//! (others answer "not found", as if absent), `None` is the operator and sees everything.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::PgExecutor;
+
+use super::{error::is_unique_violation, QueueError, TaskId, TaskState};
+
+/// Cancels a pending or retrying task. A running or finished task is `NotCancellable`.
+pub async fn cancel<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: Option<&str>,
+    id: TaskId,
+) -> Result<(), QueueError> {
+    // The second column reads the row as it was before this statement's update.
+    let (cancelled, before): (Option<TaskId>, Option<String>) = sqlx::query_as(
+        r#"
+        with cancelled as (
+            update tasks
+            set state = 'cancelled', finished_at = now(), updated_at = now()
+            where id = $1 and ($2::text is null or tenant = $2)
+              and state in ('pending', 'retrying')
+            returning id
+        )
+        select (select id from cancelled),
+               coalesce((select state from tasks where id = $1 and ($2::text is null or tenant = $2)),
+                        (select 'dead' from dead_tasks where id = $1 and ($2::text is null or tenant = $2)))
+        "#,
+    )
+    .bind(id)
+    .bind(tenant)
+    .fetch_one(executor)
+    .await?;
+    match (cancelled, before) {
+        (Some(_), _) => Ok(()),
+        (None, None) => Err(QueueError::NotFound(id)),
+        (None, Some(state)) => Err(QueueError::NotCancellable { id, state: parse_state(&state)? }),
+    }
+}
+
+/// Moves a dead task back to `pending` with its attempts reset and its error history kept.
+pub async fn requeue<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: Option<&str>,
+    id: TaskId,
+) -> Result<TaskId, QueueError> {
+    let row: Result<Option<(TaskId,)>, sqlx::Error> = sqlx::query_as(
+        r#"
+        with revived as (
+            delete from dead_tasks
+            where id = $1 and ($2::text is null or tenant = $2)
+            returning *
+        ),
+        inserted as (
+            insert into tasks (id, tenant, task_type, payload, priority, max_attempts, dedup_key,
+                               last_error, errors, module_sha256, created_at)
+            select id, tenant, task_type, payload, priority, max_attempts, dedup_key,
+                   last_error, errors, module_sha256, created_at
+            from revived
+            returning id
+        )
+        select id from inserted, lateral pg_notify('sweep_tasks', '')
+        "#,
+    )
+    .bind(id)
+    .bind(tenant)
+    .fetch_optional(executor)
+    .await;
+    match row {
+        Ok(Some((id,))) => Ok(id),
+        Ok(None) => Err(QueueError::NotFound(id)),
+        Err(e) if is_unique_violation(&e, "tasks_dedup") => Err(QueueError::DedupKeyTaken { id }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One task as an operator sees it, live or dead.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TaskView {
+    pub id: TaskId,
+    pub tenant: String,
+    pub task_type: String,
+    pub state: TaskState,
+    pub payload: Value,
+    pub priority: i32,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    pub run_at: Option<DateTime<Utc>>,
+    pub dedup_key: Option<String>,
+    pub last_error: Option<String>,
+    pub errors: Value,
+    pub result: Option<Value>,
+    pub module_sha256: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+type ViewRow = (
+    TaskId,
+    String,
+    String,
+    String,
+    Value,
+    i32,
+    i32,
+    i32,
+    Option<DateTime<Utc>>,
+    Option<String>,
+    Option<String>,
+    Value,
+    Option<Value>,
+    Option<String>,
+    DateTime<Utc>,
+    Option<DateTime<Utc>>,
+);
+
+pub async fn get_task<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: Option<&str>,
+    id: TaskId,
+) -> Result<TaskView, QueueError> {
+    let row: Option<ViewRow> = sqlx::query_as(
+        r#"
+        select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
+               dedup_key, last_error, errors, result, module_sha256, created_at, finished_at
+        from tasks where id = $1 and ($2::text is null or tenant = $2)
+        union all
+        select id, tenant, task_type, 'dead', payload, priority, attempts, max_attempts, null,
+               dedup_key, last_error, errors, null, module_sha256, created_at, died_at
+        from dead_tasks where id = $1 and ($2::text is null or tenant = $2)
+        "#,
+    )
+    .bind(id)
+    .bind(tenant)
+    .fetch_optional(executor)
+    .await?;
+    let Some(r) = row else { return Err(QueueError::NotFound(id)) };
+    Ok(TaskView {
+        id: r.0,
+        tenant: r.1,
+        task_type: r.2,
+        state: parse_state(&r.3)?,
+        payload: r.4,
+        priority: r.5,
+        attempts: r.6,
+        max_attempts: r.7,
+        run_at: r.8,
+        dedup_key: r.9,
+        last_error: r.10,
+        errors: r.11,
+        result: r.12,
+        module_sha256: r.13,
+        created_at: r.14,
+        finished_at: r.15,
+    })
+}
+
+/// A row of the dead-letter table.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct DeadTask {
+    pub id: TaskId,
+    pub tenant: String,
+    pub task_type: String,
+    pub payload: Value,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    pub reason: String,
+    pub last_error: Option<String>,
+    pub errors: Value,
+    pub module_sha256: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub died_at: DateTime<Utc>,
+}
+
+/// Dead tasks in id order, optionally of one task type, `limit` at a time after id `after`.
+pub async fn list_dead<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: Option<&str>,
+    task_type: Option<&str>,
+    after: Option<TaskId>,
+    limit: i64,
+) -> Result<Vec<DeadTask>, QueueError> {
+    Ok(sqlx::query_as(
+        r#"
+        select id, tenant, task_type, payload, attempts, max_attempts, reason, last_error,
+               errors, module_sha256, created_at, died_at
+        from dead_tasks
+        where ($1::text is null or tenant = $1)
+          and ($2::text is null or task_type = $2)
+          and id > coalesce($3, 0)
+        order by id
+        limit $4
+        "#,
+    )
+    .bind(tenant)
+    .bind(task_type)
+    .bind(after)
+    .bind(limit.clamp(1, 1000))
+    .fetch_all(executor)
+    .await?)
+}
+
+fn parse_state(s: &str) -> Result<TaskState, QueueError> {
+    s.parse().map_err(QueueError::Corrupt)
+}

@@ -1,0 +1,185 @@
+//! Enqueueing: one task or tens of thousands in one statement, with dedup keys, and a single
+//! NOTIFY per statement (never one per row: per-row notifies serialise commits).
+//!
+//! Invariant: the whole batch is validated before anything is sent; an invalid task rejects
+//! the batch and writes nothing.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{Acquire, Postgres};
+
+use super::{types::Schedule, InvalidTask, NewTask, QueueError, TaskId, DEFAULT_MAX_ATTEMPTS};
+
+/// The most tasks one `enqueue_many` call takes (a few MB of parameters at most).
+pub const MAX_BATCH: usize = 100_000;
+
+/// The id a task got, and whether this call created it (false: its dedup key was taken by a
+/// live task, whose id this is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Enqueued {
+    pub id: TaskId,
+    pub created: bool,
+}
+
+pub async fn enqueue<'c, A>(conn: A, task: NewTask) -> Result<Enqueued, QueueError>
+where
+    A: Acquire<'c, Database = Postgres>,
+{
+    let mut ids = enqueue_many(conn, std::slice::from_ref(&task)).await?;
+    ids.pop().ok_or_else(|| QueueError::Corrupt("enqueue returned no id".into()))
+}
+
+/// Enqueues `tasks` in one statement and returns their ids in input order.
+pub async fn enqueue_many<'c, A>(conn: A, tasks: &[NewTask]) -> Result<Vec<Enqueued>, QueueError>
+where
+    A: Acquire<'c, Database = Postgres>,
+{
+    if tasks.len() > MAX_BATCH {
+        return Err(InvalidTask::BatchTooLarge { got: tasks.len(), max: MAX_BATCH }.into());
+    }
+    for (index, task) in tasks.iter().enumerate() {
+        task.validate().map_err(|e| InvalidTask::InBatch { index, source: Box::new(e) })?;
+    }
+    let mut conn = conn.acquire().await?;
+    let columns = Columns::from(tasks);
+    let rows = insert(&mut conn, &columns).await?;
+
+    let mut out: Vec<Option<Enqueued>> = rows;
+    // A dedup key held by a task committed after this statement's snapshot resolves to no id
+    // (ON CONFLICT skipped the row, the lookup could not see the winner). Rare: enqueue those
+    // rows again, which either finds the winner now or creates the task.
+    for _ in 0..3 {
+        let missing: Vec<usize> = (0..out.len()).filter(|&i| out[i].is_none()).collect();
+        if missing.is_empty() {
+            break;
+        }
+        let retry: Vec<NewTask> = missing.iter().map(|&i| tasks[i].clone()).collect();
+        let again = insert(&mut conn, &Columns::from(retry.as_slice())).await?;
+        for (slot, found) in missing.into_iter().zip(again) {
+            out[slot] = found;
+        }
+    }
+    out.into_iter()
+        .map(|e| e.ok_or_else(|| QueueError::Corrupt("dedup key kept changing hands".into())))
+        .collect()
+}
+
+/// The batch as column arrays, the shape `unnest` wants.
+struct Columns {
+    tenants: Vec<String>,
+    task_types: Vec<String>,
+    payloads: Vec<Value>,
+    priorities: Vec<i32>,
+    run_ats: Vec<Option<DateTime<Utc>>>,
+    delays_ms: Vec<i64>,
+    max_attempts: Vec<Option<i32>>,
+    dedup_keys: Vec<Option<String>>,
+}
+
+impl From<&[NewTask]> for Columns {
+    fn from(tasks: &[NewTask]) -> Self {
+        let n = tasks.len();
+        let mut c = Columns {
+            tenants: Vec::with_capacity(n),
+            task_types: Vec::with_capacity(n),
+            payloads: Vec::with_capacity(n),
+            priorities: Vec::with_capacity(n),
+            run_ats: Vec::with_capacity(n),
+            delays_ms: Vec::with_capacity(n),
+            max_attempts: Vec::with_capacity(n),
+            dedup_keys: Vec::with_capacity(n),
+        };
+        for t in tasks {
+            let (run_at, delay) = match t.schedule {
+                Schedule::Now => (None, Duration::ZERO),
+                Schedule::At(at) => (Some(at), Duration::ZERO),
+                Schedule::After(d) => (None, d),
+            };
+            c.tenants.push(t.tenant.clone());
+            c.task_types.push(t.task_type.clone());
+            c.payloads.push(t.payload.clone());
+            c.priorities.push(t.priority);
+            c.run_ats.push(run_at);
+            c.delays_ms.push(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+            c.max_attempts.push(t.max_attempts);
+            c.dedup_keys.push(t.dedup_key.clone());
+        }
+        c
+    }
+}
+
+async fn insert(
+    conn: &mut sqlx::PgConnection,
+    c: &Columns,
+) -> Result<Vec<Option<Enqueued>>, QueueError> {
+    // Ids are drawn up front so each input row can be matched to its inserted row; rows
+    // skipped by ON CONFLICT find their task among this statement's inserts (same key twice
+    // in one batch) or among live tasks.
+    let rows: Vec<(Option<i64>, bool)> = sqlx::query_as(
+        r#"
+        with input as materialized (
+            select nextval(pg_get_serial_sequence('tasks', 'id')) as id, i.*
+            from unnest($1::text[], $2::text[], $3::jsonb[], $4::int4[], $5::timestamptz[],
+                        $6::int8[], $7::int4[], $8::text[])
+                 with ordinality
+                 as i(tenant, task_type, payload, priority, run_at, delay_ms, max_attempts,
+                      dedup_key, ord)
+        ),
+        module_defaults as (
+            select a.tenant, a.task_type, m.max_attempts
+            from active_modules a
+            join modules m using (tenant, task_type, version)
+            where m.max_attempts is not null
+        ),
+        inserted as (
+            insert into tasks (id, tenant, task_type, payload, priority, run_at, max_attempts,
+                               dedup_key)
+            select input.id, input.tenant, input.task_type, input.payload, input.priority,
+                   coalesce(input.run_at, now() + input.delay_ms * interval '1 millisecond'),
+                   coalesce(input.max_attempts, d.max_attempts, $9), input.dedup_key
+            from input
+            left join module_defaults d
+                   on d.tenant = input.tenant and d.task_type = input.task_type
+            order by input.ord
+            on conflict (tenant, dedup_key)
+                where dedup_key is not null and state in ('pending', 'running', 'retrying')
+                do nothing
+            returning id, tenant, dedup_key
+        ),
+        woken as (
+            select count(*) from (select pg_notify('sweep_tasks', '') from inserted limit 1) n
+        )
+        select coalesce(mine.id, sibling.id, live.id) as id, mine.id is not null as created
+        from input
+        cross join woken
+        left join inserted mine on mine.id = input.id
+        left join lateral (
+            select s.id from inserted s
+            where mine.id is null and s.tenant = input.tenant and s.dedup_key = input.dedup_key
+            limit 1
+        ) sibling on true
+        left join lateral (
+            select t.id from tasks t
+            where mine.id is null and sibling.id is null
+              and t.tenant = input.tenant and t.dedup_key = input.dedup_key
+              and t.state in ('pending', 'running', 'retrying')
+            limit 1
+        ) live on true
+        order by input.ord
+        "#,
+    )
+    .bind(&c.tenants)
+    .bind(&c.task_types)
+    .bind(&c.payloads)
+    .bind(&c.priorities)
+    .bind(&c.run_ats)
+    .bind(&c.delays_ms)
+    .bind(&c.max_attempts)
+    .bind(&c.dedup_keys)
+    .bind(DEFAULT_MAX_ATTEMPTS)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(|(id, created)| id.map(|id| Enqueued { id, created })).collect())
+}

@@ -1,0 +1,68 @@
+//! Errors of the queue layer: invalid input (rejected before any write) and database failures.
+
+use super::TaskState;
+
+/// Why a task could not be enqueued. Nothing was written.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidTask {
+    #[error("task_type must not be empty")]
+    EmptyTaskType,
+    #[error("task_type is {len} bytes long; the limit is {max}")]
+    TaskTypeTooLong { len: usize, max: usize },
+    #[error("task_type {0:?} may only contain letters, digits, '.', '-', '_' and ':'")]
+    TaskTypeCharacters(String),
+    #[error("tenant must be 1 to {max} bytes of letters, digits, '.', '-' or '_'")]
+    BadTenant { max: usize },
+    #[error("payload must be a JSON object, got {0}")]
+    PayloadNotObject(&'static str),
+    #[error("max_attempts must be between 1 and {max}, got {got}")]
+    MaxAttemptsOutOfRange { got: i64, max: i32 },
+    #[error("run_at {0} is out of range (from 2000-01-01 to ten years from now)")]
+    RunAtOutOfRange(String),
+    #[error("delay of {0:?} is out of range (at most ten years)")]
+    DelayOutOfRange(std::time::Duration),
+    #[error("dedup_key must be 1 to {max} bytes")]
+    BadDedupKey { max: usize },
+    #[error("a batch holds at most {max} tasks, got {got}")]
+    BatchTooLarge { got: usize, max: usize },
+    #[error("task {index} of the batch: {source}")]
+    InBatch {
+        index: usize,
+        #[source]
+        source: Box<InvalidTask>,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidTask),
+    #[error("task {0} not found")]
+    NotFound(i64),
+    #[error("task {id} is {state} and cannot be cancelled")]
+    NotCancellable { id: i64, state: TaskState },
+    #[error("task {id} cannot be requeued: another live task holds its dedup_key")]
+    DedupKeyTaken { id: i64 },
+    #[error("database error")]
+    Database(#[source] sqlx::Error),
+    #[error("database returned an unexpected value: {0}")]
+    Corrupt(String),
+}
+
+impl From<sqlx::Error> for QueueError {
+    fn from(e: sqlx::Error) -> Self {
+        QueueError::Database(e)
+    }
+}
+
+/// True when `e` is a unique violation of the named constraint or index.
+pub(crate) fn is_unique_violation(e: &sqlx::Error, constraint: &str) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            db.code().as_deref() == Some("23505") && db.constraint() == Some(constraint)
+        }
+        _ => false,
+    }
+}

@@ -1,0 +1,154 @@
+//! Maintenance statements every runner runs periodically: the reaper (rescues tasks whose
+//! runner stopped heartbeating), retention (deletes old finished tasks) and pruning of dead
+//! runner rows.
+//!
+//! Invariant: all of these are safe when every runner runs them at the same moment: rows are
+//! picked with `FOR UPDATE SKIP LOCKED` and re-checked, and work is bounded per statement so no
+//! long locks are held.
+
+use std::time::Duration;
+
+use sqlx::{Acquire, PgExecutor, Postgres};
+use uuid::Uuid;
+
+use super::{fail_batch, Failure, FailureReport, QueueError, RetryPolicy, TaskId};
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A running task whose lease expired, now taken over by the reaper.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RescuedTask {
+    pub id: TaskId,
+    pub task_type: String,
+    pub attempt: i32,
+    pub previous_owner: Uuid,
+}
+
+/// Rescues up to `limit` tasks whose lease expired: each becomes a failed attempt of kind
+/// `lease_expired` (retrying with the task type's backoff, or dead when out of attempts).
+///
+/// Two steps, each fenced: the reaper first takes the expired lease over (so two reapers
+/// never rescue the same task, and a crash between the steps only leaves a lease that expires
+/// again), then fails the task through the ordinary [`fail_batch`] path.
+pub async fn reap_expired<'c, A>(
+    conn: A,
+    reaper: Uuid,
+    limit: usize,
+    policy_for: impl Fn(&str) -> RetryPolicy,
+) -> Result<FailureReport, QueueError>
+where
+    A: Acquire<'c, Database = Postgres>,
+{
+    let mut conn = conn.acquire().await?;
+    let rescued = take_over_expired(&mut *conn, reaper, limit).await?;
+    if rescued.is_empty() {
+        return Ok(FailureReport::default());
+    }
+    let failures = rescued_failures(&rescued, policy_for);
+    fail_batch(&mut *conn, reaper, &failures).await
+}
+
+/// The failed attempt each rescued task is charged with (the thread-local rng must not live
+/// across an await, hence a plain function).
+fn rescued_failures(
+    rescued: &[RescuedTask],
+    policy_for: impl Fn(&str) -> RetryPolicy,
+) -> Vec<Failure> {
+    let mut rng = rand::rng();
+    rescued
+        .iter()
+        .map(|t| Failure {
+            id: t.id,
+            attempt: t.attempt,
+            kind: "lease_expired".into(),
+            message: format!(
+                "lease expired: runner {} stopped heartbeating during attempt {}",
+                t.previous_owner, t.attempt
+            ),
+            permanent: false,
+            retry_delay: policy_for(&t.task_type)
+                .delay(u32::try_from(t.attempt).unwrap_or(0), &mut rng),
+            detail: serde_json::json!({ "runner": t.previous_owner }),
+            module_sha256: None,
+        })
+        .collect()
+}
+
+async fn take_over_expired<'c, E: PgExecutor<'c>>(
+    executor: E,
+    reaper: Uuid,
+    limit: usize,
+) -> Result<Vec<RescuedTask>, QueueError> {
+    let rows: Vec<(TaskId, String, i32, Uuid)> = sqlx::query_as(
+        r#"
+        with expired as (
+            select id, lease_owner from tasks
+            where state = 'running' and lease_expires_at < now()
+            order by lease_expires_at
+            limit $2
+            for update skip locked
+        )
+        update tasks t
+        set lease_owner = $1, lease_expires_at = now() + interval '1 minute', updated_at = now()
+        from expired
+        where t.id = expired.id
+        returning t.id, t.task_type, t.attempts, expired.lease_owner
+        "#,
+    )
+    .bind(reaper)
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_all(executor)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, task_type, attempt, previous_owner)| RescuedTask {
+            id,
+            task_type,
+            attempt,
+            previous_owner,
+        })
+        .collect())
+}
+
+/// Deletes at most `batch` succeeded or cancelled tasks that finished more than `older_than`
+/// ago. Returns how many were deleted; call again while it returns `batch`.
+pub async fn delete_finished<'c, E: PgExecutor<'c>>(
+    executor: E,
+    older_than: Duration,
+    batch: usize,
+) -> Result<u64, QueueError> {
+    let done = sqlx::query(
+        r#"
+        with doomed as (
+            select id from tasks
+            where state in ('succeeded', 'cancelled')
+              and finished_at < now() - $1 * interval '1 millisecond'
+            order by finished_at
+            limit $2
+            for update skip locked
+        )
+        delete from tasks t using doomed where t.id = doomed.id
+        "#,
+    )
+    .bind(millis(older_than))
+    .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+    .execute(executor)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Deletes `runners` rows that have not heartbeated for `silent_for`.
+pub async fn prune_runners<'c, E: PgExecutor<'c>>(
+    executor: E,
+    silent_for: Duration,
+) -> Result<u64, QueueError> {
+    let done = sqlx::query(
+        r#"delete from runners where last_heartbeat_at < now() - $1 * interval '1 millisecond'"#,
+    )
+    .bind(millis(silent_for))
+    .execute(executor)
+    .await?;
+    Ok(done.rows_affected())
+}

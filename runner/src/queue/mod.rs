@@ -1,0 +1,53 @@
+//! The queue: every SQL statement Sweep runs lives under this module.
+//!
+//! Tasks move through the state machine documented in `migrations/0001_queue.sql`. Callers never
+//! assemble a transition themselves: they call one of the named functions here
+//! (`claim_batch`, `complete_batch`, `fail_batch`, `cancel`, `requeue`, ...), each one
+//! statement, each taking an executor so it can run inside the caller's transaction.
+//!
+//! Invariants every function keeps:
+//! - every transition out of `running` is fenced by `state = 'running'`, the lease owner and
+//!   the attempt number; a fenced-out row is reported back as lost, never overwritten;
+//! - a task that dies leaves `tasks` and enters `dead_tasks` in the same statement;
+//! - bad input is rejected before anything is written ([`InvalidTask`]).
+
+mod claim;
+mod complete;
+mod connect;
+mod dead;
+mod enqueue;
+mod error;
+mod maintenance;
+mod modules;
+mod notify;
+mod retry;
+mod runners;
+mod stats;
+mod types;
+
+pub use claim::{claim_batch, heartbeat_leases, release_batch};
+pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
+pub use connect::{connect, migrate, migrations_done, ConnectError};
+pub use dead::{cancel, get_task, list_dead, requeue, DeadTask, TaskView};
+pub use enqueue::{enqueue, enqueue_many, Enqueued};
+pub use error::{InvalidTask, QueueError};
+pub use maintenance::{delete_finished, prune_runners, reap_expired, RescuedTask};
+pub use modules::{
+    activate_version, list_versions, module_bytes, register_module, ModuleSettings, ModuleVersion,
+    Registered,
+};
+pub use notify::{Wakeups, NOTIFY_CHANNEL};
+pub use retry::{RetryPolicy, RetryPolicyError};
+pub use runners::{deregister_runner, list_runners, register_runner, RunnerInfo};
+pub use stats::{queue_stats, TypeStats};
+pub use types::{
+    validate_task_type, validate_tenant, ActiveModule, ClaimedTask, NewTask, Schedule, TaskId,
+    TaskState, DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT,
+};
+
+/// The migrations in `migrations/`, embedded at build time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// States from which a task can still run: `dedup_key` is unique among these.
+pub const LIVE_STATES: [TaskState; 3] =
+    [TaskState::Pending, TaskState::Running, TaskState::Retrying];

@@ -1,0 +1,209 @@
+//! The module registry: every uploaded version of the handler for a (tenant, task_type), and
+//! which one is active.
+//!
+//! Invariants: versions count up from 1 per (tenant, task_type); uploading the same bytes with
+//! the same limits returns the existing version instead of creating one; an upload makes its
+//! version active; the active version always exists (foreign key).
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{Acquire, PgExecutor, Postgres};
+
+use super::{error::is_unique_violation, QueueError};
+
+/// Per-module overrides of the runner's defaults. `None` means "use the default".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct ModuleSettings {
+    pub fuel: Option<i64>,
+    pub timeout_ms: Option<i64>,
+    pub memory_bytes: Option<i64>,
+    pub max_attempts: Option<i32>,
+    pub backoff_base_ms: Option<i64>,
+    pub backoff_cap_ms: Option<i64>,
+}
+
+/// One registered version, without its bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct ModuleVersion {
+    pub tenant: String,
+    pub task_type: String,
+    pub version: i32,
+    pub sha256: String,
+    pub size: i64,
+    #[sqlx(flatten)]
+    #[serde(flatten)]
+    pub settings: ModuleSettings,
+    pub active: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+/// What an upload did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Registered {
+    #[serde(flatten)]
+    pub module: ModuleVersion,
+    /// False when identical bytes and settings were already registered.
+    pub created: bool,
+}
+
+/// Registers `bytes` (already validated by the sandbox) as the next version of the handler
+/// for `(tenant, task_type)` and activates it, or re-activates the identical existing version.
+pub async fn register_module<'c, A>(
+    conn: A,
+    tenant: &str,
+    task_type: &str,
+    sha256: &str,
+    bytes: &[u8],
+    settings: &ModuleSettings,
+) -> Result<Registered, QueueError>
+where
+    A: Acquire<'c, Database = Postgres>,
+{
+    let mut conn = conn.acquire().await?;
+    // Two concurrent uploads can pick the same next version number; the loser retries.
+    for _ in 0..5 {
+        match insert_version(&mut *conn, tenant, task_type, sha256, bytes, settings).await {
+            Ok((version, created)) => {
+                let module = get_version(&mut *conn, tenant, task_type, version).await?;
+                return Ok(Registered { module, created });
+            }
+            Err(e) if is_unique_violation(&e, "modules_pkey") => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(QueueError::Corrupt("module version kept colliding with concurrent uploads".into()))
+}
+
+async fn insert_version<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: &str,
+    task_type: &str,
+    sha256: &str,
+    bytes: &[u8],
+    s: &ModuleSettings,
+) -> Result<(i32, bool), sqlx::Error> {
+    sqlx::query_as(
+        r#"
+        with existing as (
+            select version from modules
+            where tenant = $1 and task_type = $2 and sha256 = $3
+              and fuel is not distinct from $5 and timeout_ms is not distinct from $6
+              and memory_bytes is not distinct from $7 and max_attempts is not distinct from $8
+              and backoff_base_ms is not distinct from $9 and backoff_cap_ms is not distinct from $10
+        ),
+        created as (
+            insert into modules (tenant, task_type, version, sha256, bytes, fuel, timeout_ms,
+                                 memory_bytes, max_attempts, backoff_base_ms, backoff_cap_ms)
+            select $1, $2,
+                   coalesce((select max(version) from modules where tenant = $1 and task_type = $2), 0) + 1,
+                   $3, $4, $5, $6, $7, $8, $9, $10
+            where not exists (select 1 from existing)
+            returning version
+        ),
+        chosen as (
+            select version, true as created from created
+            union all
+            select version, false from existing
+        ),
+        activated as (
+            insert into active_modules (tenant, task_type, version)
+            select $1, $2, version from chosen
+            on conflict (tenant, task_type)
+                do update set version = excluded.version, activated_at = now()
+        )
+        select version, created from chosen
+        "#,
+    )
+    .bind(tenant)
+    .bind(task_type)
+    .bind(sha256)
+    .bind(bytes)
+    .bind(s.fuel)
+    .bind(s.timeout_ms)
+    .bind(s.memory_bytes)
+    .bind(s.max_attempts)
+    .bind(s.backoff_base_ms)
+    .bind(s.backoff_cap_ms)
+    .fetch_one(executor)
+    .await
+}
+
+/// Makes `version` the active handler. `NotFound` when no such version exists.
+pub async fn activate_version<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: &str,
+    task_type: &str,
+    version: i32,
+) -> Result<(), QueueError> {
+    let done = sqlx::query(
+        r#"
+        insert into active_modules (tenant, task_type, version)
+        select tenant, task_type, version from modules
+        where tenant = $1 and task_type = $2 and version = $3
+        on conflict (tenant, task_type)
+            do update set version = excluded.version, activated_at = now()
+        "#,
+    )
+    .bind(tenant)
+    .bind(task_type)
+    .bind(version)
+    .execute(executor)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Err(QueueError::NotFound(version.into()));
+    }
+    Ok(())
+}
+
+/// Versions, newest first, of one task type (`Some`) or of all (`None`), for one tenant or
+/// (operator, `tenant` = `None`) for all.
+pub async fn list_versions<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: Option<&str>,
+    task_type: Option<&str>,
+    active_only: bool,
+) -> Result<Vec<ModuleVersion>, QueueError> {
+    Ok(sqlx::query_as(
+        r#"
+        select m.tenant, m.task_type, m.version, m.sha256, length(m.bytes)::int8 as size,
+               m.fuel, m.timeout_ms, m.memory_bytes, m.max_attempts, m.backoff_base_ms,
+               m.backoff_cap_ms, a.version is not null as active, m.created_at
+        from modules m
+        left join active_modules a
+               on a.tenant = m.tenant and a.task_type = m.task_type and a.version = m.version
+        where ($1::text is null or m.tenant = $1)
+          and ($2::text is null or m.task_type = $2)
+          and (not $3 or a.version is not null)
+        order by m.tenant, m.task_type, m.version desc
+        "#,
+    )
+    .bind(tenant)
+    .bind(task_type)
+    .bind(active_only)
+    .fetch_all(executor)
+    .await?)
+}
+
+async fn get_version<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: &str,
+    task_type: &str,
+    version: i32,
+) -> Result<ModuleVersion, QueueError> {
+    list_versions(executor, Some(tenant), Some(task_type), false)
+        .await?
+        .into_iter()
+        .find(|m| m.version == version)
+        .ok_or(QueueError::NotFound(version.into()))
+}
+
+/// The bytes of the module with this sha256 (any tenant's copy: equal hashes, equal bytes).
+pub async fn module_bytes<'c, E: PgExecutor<'c>>(
+    executor: E,
+    sha256: &str,
+) -> Result<Option<Vec<u8>>, QueueError> {
+    Ok(sqlx::query_scalar(r#"select bytes from modules where sha256 = $1 limit 1"#)
+        .bind(sha256)
+        .fetch_optional(executor)
+        .await?)
+}

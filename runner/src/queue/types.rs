@@ -1,0 +1,298 @@
+//! Plain data the queue takes and gives: new tasks (validated before any write), claimed tasks
+//! and the task states.
+
+use std::{fmt, str::FromStr, time::Duration};
+
+use chrono::{DateTime, TimeZone, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{InvalidTask, ModuleSettings};
+
+pub type TaskId = i64;
+
+pub const DEFAULT_TENANT: &str = "default";
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 5;
+pub const MAX_MAX_ATTEMPTS: i32 = 1000;
+pub const MAX_TASK_TYPE_LEN: usize = 128;
+pub const MAX_TENANT_LEN: usize = 64;
+pub const MAX_DEDUP_KEY_LEN: usize = 512;
+/// How far ahead a task may be scheduled.
+pub const MAX_SCHEDULE_AHEAD: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// The states a row of `tasks` can be in. Dead tasks live in `dead_tasks`, shown as `Dead`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    Pending,
+    Running,
+    Retrying,
+    Succeeded,
+    Cancelled,
+    Dead,
+}
+
+impl TaskState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Pending => "pending",
+            TaskState::Running => "running",
+            TaskState::Retrying => "retrying",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Cancelled => "cancelled",
+            TaskState::Dead => "dead",
+        }
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TaskState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "pending" => TaskState::Pending,
+            "running" => TaskState::Running,
+            "retrying" => TaskState::Retrying,
+            "succeeded" => TaskState::Succeeded,
+            "cancelled" => TaskState::Cancelled,
+            "dead" => TaskState::Dead,
+            other => return Err(format!("unknown task state {other:?}")),
+        })
+    }
+}
+
+/// When a new task becomes due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Schedule {
+    #[default]
+    Now,
+    At(DateTime<Utc>),
+    /// Relative to the database clock at enqueue time.
+    After(Duration),
+}
+
+/// A task to enqueue. Build with [`NewTask::new`] and the chained setters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    pub tenant: String,
+    pub task_type: String,
+    pub payload: Value,
+    /// Higher runs first. Negative priorities are deferred work: it runs only when nothing of
+    /// priority zero or above is due.
+    pub priority: i32,
+    pub schedule: Schedule,
+    /// `None`: the active module's default for this task type, else [`DEFAULT_MAX_ATTEMPTS`].
+    pub max_attempts: Option<i32>,
+    /// While a task with this key is pending, running or retrying, enqueueing the same key
+    /// (for the same tenant) returns that task's id and creates nothing.
+    pub dedup_key: Option<String>,
+}
+
+impl NewTask {
+    pub fn new(task_type: impl Into<String>, payload: Value) -> Self {
+        NewTask {
+            tenant: DEFAULT_TENANT.to_owned(),
+            task_type: task_type.into(),
+            payload,
+            priority: 0,
+            schedule: Schedule::Now,
+            max_attempts: None,
+            dedup_key: None,
+        }
+    }
+
+    pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = tenant.into();
+        self
+    }
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+    pub fn run_at(mut self, at: DateTime<Utc>) -> Self {
+        self.schedule = Schedule::At(at);
+        self
+    }
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.schedule = Schedule::After(delay);
+        self
+    }
+    pub fn max_attempts(mut self, max_attempts: i32) -> Self {
+        self.max_attempts = Some(max_attempts);
+        self
+    }
+    pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
+        self.dedup_key = Some(key.into());
+        self
+    }
+
+    /// Checks everything the database would otherwise reject (or silently accept).
+    pub fn validate(&self) -> Result<(), InvalidTask> {
+        validate_task_type(&self.task_type)?;
+        validate_tenant(&self.tenant)?;
+        if !self.payload.is_object() {
+            return Err(InvalidTask::PayloadNotObject(json_kind(&self.payload)));
+        }
+        if let Some(max_attempts) = self.max_attempts {
+            if !(1..=MAX_MAX_ATTEMPTS).contains(&max_attempts) {
+                return Err(InvalidTask::MaxAttemptsOutOfRange {
+                    got: max_attempts.into(),
+                    max: MAX_MAX_ATTEMPTS,
+                });
+            }
+        }
+        match self.schedule {
+            Schedule::Now => {}
+            Schedule::At(at) => {
+                let earliest = Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).single();
+                let latest = chrono::Duration::from_std(MAX_SCHEDULE_AHEAD)
+                    .ok()
+                    .and_then(|ahead| Utc::now().checked_add_signed(ahead));
+                let in_range = earliest.is_some_and(|e| at >= e) && latest.is_some_and(|l| at <= l);
+                if !in_range {
+                    return Err(InvalidTask::RunAtOutOfRange(at.to_rfc3339()));
+                }
+            }
+            Schedule::After(delay) => {
+                if delay > MAX_SCHEDULE_AHEAD {
+                    return Err(InvalidTask::DelayOutOfRange(delay));
+                }
+            }
+        }
+        if let Some(key) = &self.dedup_key {
+            if key.is_empty() || key.len() > MAX_DEDUP_KEY_LEN {
+                return Err(InvalidTask::BadDedupKey { max: MAX_DEDUP_KEY_LEN });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A task type names the module that runs it: short, printable, no surprises in URLs or logs.
+pub fn validate_task_type(task_type: &str) -> Result<(), InvalidTask> {
+    if task_type.is_empty() {
+        return Err(InvalidTask::EmptyTaskType);
+    }
+    if task_type.len() > MAX_TASK_TYPE_LEN {
+        return Err(InvalidTask::TaskTypeTooLong { len: task_type.len(), max: MAX_TASK_TYPE_LEN });
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':');
+    if !task_type.chars().all(allowed) {
+        return Err(InvalidTask::TaskTypeCharacters(task_type.to_owned()));
+    }
+    Ok(())
+}
+
+pub fn validate_tenant(tenant: &str) -> Result<(), InvalidTask> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+    if tenant.is_empty() || tenant.len() > MAX_TENANT_LEN || !tenant.chars().all(allowed) {
+        return Err(InvalidTask::BadTenant { max: MAX_TENANT_LEN });
+    }
+    Ok(())
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A task this runner now holds the lease on, at attempt `attempt` (1-based).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedTask {
+    pub id: TaskId,
+    pub tenant: String,
+    pub task_type: String,
+    pub payload: Value,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    /// When the task became due: enqueue-to-start latency is measured from here.
+    pub run_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    /// The active module for this task's (tenant, task_type) at claim time; `None` when no
+    /// module is registered.
+    pub module: Option<ActiveModule>,
+}
+
+/// The module version a claimed task runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActiveModule {
+    pub version: i32,
+    pub sha256: String,
+    pub settings: ModuleSettings,
+}
+
+impl ClaimedTask {
+    pub fn is_last_attempt(&self) -> bool {
+        self.attempt >= self.max_attempts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn valid_task_passes() {
+        let t = NewTask::new("email.send", json!({"to": "a@b"})).priority(-3).dedup_key("k");
+        assert_eq!(t.validate(), Ok(()));
+    }
+
+    #[test]
+    fn bad_inputs_are_named() {
+        let ok = || NewTask::new("t", json!({}));
+        assert_eq!(NewTask::new("", json!({})).validate(), Err(InvalidTask::EmptyTaskType));
+        assert!(matches!(
+            NewTask::new("x".repeat(129), json!({})).validate(),
+            Err(InvalidTask::TaskTypeTooLong { len: 129, .. })
+        ));
+        assert!(matches!(
+            NewTask::new("a b", json!({})).validate(),
+            Err(InvalidTask::TaskTypeCharacters(_))
+        ));
+        assert_eq!(
+            NewTask::new("t", json!([1])).validate(),
+            Err(InvalidTask::PayloadNotObject("an array"))
+        );
+        assert!(matches!(
+            ok().max_attempts(0).validate(),
+            Err(InvalidTask::MaxAttemptsOutOfRange { got: 0, .. })
+        ));
+        let ancient = Utc.with_ymd_and_hms(1970, 1, 1, 0, 0, 0).unwrap();
+        assert!(matches!(ok().run_at(ancient).validate(), Err(InvalidTask::RunAtOutOfRange(_))));
+        let far = Utc::now() + chrono::Duration::days(365 * 20);
+        assert!(matches!(ok().run_at(far).validate(), Err(InvalidTask::RunAtOutOfRange(_))));
+        assert!(matches!(
+            ok().delay(Duration::from_secs(u64::MAX / 4)).validate(),
+            Err(InvalidTask::DelayOutOfRange(_))
+        ));
+        assert!(matches!(ok().dedup_key("").validate(), Err(InvalidTask::BadDedupKey { .. })));
+        assert!(matches!(ok().tenant("").validate(), Err(InvalidTask::BadTenant { .. })));
+    }
+
+    #[test]
+    fn states_round_trip() {
+        for s in [
+            TaskState::Pending,
+            TaskState::Running,
+            TaskState::Retrying,
+            TaskState::Succeeded,
+            TaskState::Cancelled,
+            TaskState::Dead,
+        ] {
+            assert_eq!(s.as_str().parse::<TaskState>(), Ok(s));
+        }
+        assert!("nope".parse::<TaskState>().is_err());
+    }
+}

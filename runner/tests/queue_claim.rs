@@ -1,0 +1,151 @@
+//! Claiming: order, due time, type filters, leases, and exactly-once under concurrency.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::*;
+use sqlx::PgPool;
+use sweep::queue::{self, NewTask, TaskState};
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn claim_sets_running_with_attempt_and_lease(pool: PgPool) {
+    let runner = new_runner();
+    let ids = enqueue_n(&pool, "t", 3).await;
+    let claimed = claim(&pool, runner, 2).await;
+    assert_eq!(claimed.len(), 2);
+    for c in &claimed {
+        assert_eq!(c.attempt, 1);
+        assert_eq!(state(&pool, c.id).await, TaskState::Running);
+    }
+    let (owner, expires): (uuid::Uuid, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("select lease_owner, lease_expires_at from tasks where id = $1")
+            .bind(claimed[0].id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(owner, runner);
+    assert!(expires > chrono::Utc::now() + chrono::Duration::seconds(50));
+    // The third is still there for the next claim; then nothing is left.
+    let rest = claim(&pool, runner, 10).await;
+    assert_eq!(rest.len(), 1);
+    assert!(ids.contains(&rest[0].id));
+    assert!(claim(&pool, runner, 10).await.is_empty());
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn claim_order_is_priority_then_run_at_then_id(pool: PgPool) {
+    let past = |mins| chrono::Utc::now() - chrono::Duration::minutes(mins);
+    let tasks = vec![
+        task("t", 0).priority(0).run_at(past(1)),   // 4th
+        task("t", 1).priority(5).run_at(past(1)),   // 2nd
+        task("t", 2).priority(-1).run_at(past(60)), // 6th: deferred
+        task("t", 3).priority(5).run_at(past(10)),  // 1st
+        task("t", 4).priority(0).run_at(past(1)),   // 5th: same as #0, later id
+        task("t", 5).priority(1),                   // 3rd
+    ];
+    let ids: Vec<_> =
+        queue::enqueue_many(&pool, &tasks).await.unwrap().into_iter().map(|e| e.id).collect();
+    let mut order = Vec::new();
+    loop {
+        let got = claim(&pool, new_runner(), 1).await;
+        let Some(c) = got.first() else { break };
+        order.push(c.id);
+    }
+    assert_eq!(order, vec![ids[3], ids[1], ids[5], ids[0], ids[4], ids[2]]);
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn claim_filters_by_task_type(pool: PgPool) {
+    let a = enqueue_n(&pool, "a", 2).await;
+    enqueue_n(&pool, "b", 2).await;
+    let only_a =
+        queue::claim_batch(&pool, new_runner(), 10, &["a".to_string()], LEASE).await.unwrap();
+    let got: HashSet<_> = only_a.iter().map(|c| c.id).collect();
+    assert_eq!(got, a.into_iter().collect());
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn eight_concurrent_claimers_drain_ten_thousand_tasks_exactly_once(pool: PgPool) {
+    let tasks: Vec<NewTask> = (0..10_000).map(|i| task("hammer", i)).collect();
+    let ids: HashSet<_> =
+        queue::enqueue_many(&pool, &tasks).await.unwrap().into_iter().map(|e| e.id).collect();
+
+    let claimers = (0..8).map(|k| {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let runner = new_runner();
+            let mut mine = Vec::new();
+            loop {
+                let batch = claim(&pool, runner, 1 + (k * 7) % 50).await;
+                if batch.is_empty() {
+                    return mine;
+                }
+                let done: Vec<_> = batch
+                    .iter()
+                    .map(|c| queue::Completion {
+                        id: c.id,
+                        attempt: c.attempt,
+                        result: serde_json::json!({"by": k}),
+                        module_sha256: None,
+                    })
+                    .collect();
+                let lost = queue::complete_batch(&pool, runner, &done).await.unwrap();
+                assert!(lost.is_empty(), "no lease can be lost here");
+                mine.extend(batch.into_iter().map(|c| c.id));
+            }
+        })
+    });
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    for h in claimers {
+        for id in h.await.unwrap() {
+            total += 1;
+            assert!(seen.insert(id), "task {id} claimed twice");
+        }
+    }
+    assert_eq!(total, 10_000);
+    assert_eq!(seen, ids);
+    let (succeeded, max_attempts): (i64, i32) = sqlx::query_as(
+        "select count(*) filter (where state = 'succeeded'), max(attempts) from tasks",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((succeeded, max_attempts), (10_000, 1));
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn heartbeat_extends_only_the_runners_own_leases(pool: PgPool) {
+    let (a, b) = (new_runner(), new_runner());
+    queue::register_runner(&pool, a, "host-a", 1).await.unwrap();
+    enqueue_n(&pool, "t", 4).await;
+    let short = std::time::Duration::from_secs(5);
+    let mine = queue::claim_batch(&pool, a, 2, &[], short).await.unwrap();
+    let theirs = queue::claim_batch(&pool, b, 2, &[], short).await.unwrap();
+    let extended =
+        queue::heartbeat_leases(&pool, a, std::time::Duration::from_secs(600)).await.unwrap();
+    assert_eq!(extended, 2);
+    let expiry = |id| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+                "select lease_expires_at from tasks where id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let far = chrono::Utc::now() + chrono::Duration::seconds(500);
+    for c in &mine {
+        assert!(expiry(c.id).await > far);
+    }
+    for c in &theirs {
+        assert!(expiry(c.id).await < far);
+    }
+    let runners = queue::list_runners(&pool).await.unwrap();
+    assert_eq!(runners.len(), 1);
+    assert_eq!(runners[0].host, "host-a");
+}

@@ -1,0 +1,162 @@
+//! Maintenance: the reaper rescues tasks of runners that stopped heartbeating, retention
+//! deletes old finished tasks in bounded batches, and stats count what is where.
+
+mod common;
+
+use std::{collections::HashSet, time::Duration};
+
+use common::*;
+use serde_json::json;
+use sqlx::PgPool;
+use sweep::queue::{self, Completion, RetryPolicy, TaskState};
+
+fn instant_retry(_: &str) -> RetryPolicy {
+    RetryPolicy { base: Duration::ZERO, cap: Duration::ZERO, jitter: 0.0 }
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn reaper_rescues_the_tasks_of_a_runner_that_stopped_heartbeating(pool: PgPool) {
+    let (dead_runner, live_runner, reaper) = (new_runner(), new_runner(), new_runner());
+    let last_try = queue::enqueue(&pool, task("t", 0).max_attempts(1)).await.unwrap().id;
+    enqueue_n(&pool, "t", 3).await;
+    // Both claim with leases that expire at once; only the live runner heartbeats.
+    let orphans = queue::claim_batch(&pool, dead_runner, 2, &[], Duration::ZERO).await.unwrap();
+    let kept = queue::claim_batch(&pool, live_runner, 2, &[], Duration::ZERO).await.unwrap();
+    queue::heartbeat_leases(&pool, live_runner, Duration::from_secs(600)).await.unwrap();
+
+    let policy = |_: &str| RetryPolicy { jitter: 0.0, ..RetryPolicy::default() };
+    let report = queue::reap_expired(&pool, reaper, 100, policy).await.unwrap();
+    let rescued: HashSet<_> = report.retrying.iter().chain(&report.dead).copied().collect();
+    assert_eq!(rescued, orphans.iter().map(|c| c.id).collect());
+    assert!(report.lost.is_empty());
+    for c in &kept {
+        assert_eq!(state(&pool, c.id).await, TaskState::Running, "live runner keeps its tasks");
+    }
+    for c in &orphans {
+        let t = show(&pool, c.id).await;
+        let entry = &t.errors[0];
+        assert_eq!(entry["kind"], "lease_expired");
+        assert_eq!(entry["runner"], dead_runner.to_string());
+        if c.id == last_try {
+            assert_eq!(t.state, TaskState::Dead, "no attempts left");
+        } else {
+            assert_eq!(t.state, TaskState::Retrying);
+            // The task type's backoff applies: 60 s * 2^1.
+            let wait = t.run_at.unwrap() - chrono::Utc::now();
+            assert!(wait > chrono::Duration::seconds(100), "{wait}");
+        }
+    }
+    assert!(queue::reap_expired(&pool, reaper, 100, policy).await.unwrap().retrying.is_empty());
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn concurrent_reapers_rescue_each_task_once(pool: PgPool) {
+    enqueue_n(&pool, "t", 200).await;
+    let gone = new_runner();
+    queue::claim_batch(&pool, gone, 200, &[], Duration::ZERO).await.unwrap();
+    let reapers = (0..4).map(|_| {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let me = new_runner();
+            let mut got = Vec::new();
+            loop {
+                let r = queue::reap_expired(&pool, me, 7, instant_retry).await.unwrap();
+                assert!(r.lost.is_empty());
+                if r.retrying.is_empty() {
+                    return got;
+                }
+                got.extend(r.retrying);
+            }
+        })
+    });
+    let mut all = Vec::new();
+    for r in reapers {
+        all.extend(r.await.unwrap());
+    }
+    let unique: HashSet<_> = all.iter().collect();
+    assert_eq!((all.len(), unique.len()), (200, 200));
+    let attempts: Vec<i32> =
+        sqlx::query_scalar("select distinct jsonb_array_length(errors) from tasks")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts, vec![1], "exactly one history entry per task");
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn retention_deletes_old_finished_tasks_in_batches(pool: PgPool) {
+    let runner = new_runner();
+    let ids = enqueue_n(&pool, "t", 30).await;
+    let claimed = claim(&pool, runner, 25).await;
+    let done: Vec<_> = claimed
+        .iter()
+        .take(20)
+        .map(|c| Completion { id: c.id, attempt: 1, result: json!({}), module_sha256: None })
+        .collect();
+    queue::complete_batch(&pool, runner, &done).await.unwrap();
+    queue::cancel(&pool, None, *ids.last().unwrap()).await.unwrap();
+
+    // Nothing is older than a day.
+    assert_eq!(queue::delete_finished(&pool, Duration::from_secs(86_400), 10).await.unwrap(), 0);
+    let mut rounds = Vec::new();
+    loop {
+        let n = queue::delete_finished(&pool, Duration::ZERO, 10).await.unwrap();
+        rounds.push(n);
+        if n < 10 {
+            break;
+        }
+    }
+    assert_eq!(rounds, vec![10, 10, 1]);
+    let left: Vec<String> = sqlx::query_scalar("select distinct state from tasks order by 1")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, vec!["pending", "running"], "live tasks are never deleted");
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn stats_count_by_tenant_type_and_state(pool: PgPool) {
+    let runner = new_runner();
+    enqueue_n(&pool, "a", 3).await;
+    queue::enqueue(&pool, task("b", 1).tenant("acme").max_attempts(1)).await.unwrap();
+    queue::enqueue(&pool, task("a", 9).delay(Duration::from_secs(3600))).await.unwrap();
+    let claimed = queue::claim_batch(&pool, runner, 10, &[], LEASE).await.unwrap();
+    assert_eq!(claimed.len(), 4);
+    let (done, failed): (Vec<_>, Vec<_>) =
+        claimed.iter().partition(|c| c.task_type == "a" && c.payload["n"] != 2);
+    let done: Vec<_> = done
+        .iter()
+        .map(|c| Completion { id: c.id, attempt: 1, result: json!({}), module_sha256: None })
+        .collect();
+    queue::complete_batch(&pool, runner, &done).await.unwrap();
+    let failures: Vec<_> = failed
+        .iter()
+        .map(|c| queue::Failure {
+            id: c.id,
+            attempt: 1,
+            kind: "trap".into(),
+            message: "x".into(),
+            permanent: false,
+            retry_delay: Duration::from_secs(60),
+            detail: json!({}),
+            module_sha256: None,
+        })
+        .collect();
+    queue::fail_batch(&pool, runner, &failures).await.unwrap();
+
+    let stats = queue::queue_stats(&pool, None).await.unwrap();
+    assert_eq!(stats.len(), 2);
+    let a = &stats.iter().find(|s| s.task_type == "a").unwrap();
+    assert_eq!(
+        (a.tenant.as_str(), a.pending, a.succeeded, a.retrying, a.dead),
+        ("default", 1, 2, 1, 0)
+    );
+    assert_eq!((a.failures_last_hour, a.completed_last_minute), (1, 2));
+    assert_eq!(a.oldest_due_ms, 0, "nothing due: the pending one is delayed, the retry waits");
+    let b = stats.iter().find(|s| s.task_type == "b").unwrap();
+    assert_eq!((b.tenant.as_str(), b.dead, b.failures_last_hour), ("acme", 1, 1));
+
+    let acme_only = queue::queue_stats(&pool, Some("acme")).await.unwrap();
+    assert_eq!(acme_only.len(), 1);
+    assert_eq!(acme_only[0].task_type, "b");
+}
