@@ -30,12 +30,7 @@ pub struct TaskContext {
 impl Default for TaskContext {
     /// The context of a run from a shell: first attempt, nothing else known.
     fn default() -> Self {
-        Self {
-            task_id: None,
-            task_type: None,
-            attempt: 1,
-            max_attempts: None,
-        }
+        Self { task_id: None, task_type: None, attempt: 1, max_attempts: None }
     }
 }
 
@@ -70,9 +65,7 @@ mod tests {
 
     fn ctx(vars: &[(&str, &str)]) -> TaskContext {
         TaskContext::from_lookup(|name| {
-            vars.iter()
-                .find(|(key, _)| *key == name)
-                .map(|(_, value)| value.to_string())
+            vars.iter().find(|(key, _)| *key == name).map(|(_, value)| value.to_string())
         })
     }
 

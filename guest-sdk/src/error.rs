@@ -39,10 +39,7 @@ impl Error {
 
     /// An error of the given kind.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-        }
+        Self { kind, message: message.into() }
     }
 
     /// Whether the host should retry.
@@ -70,10 +67,7 @@ impl Error {
 
     /// The message prefixed with `context: `, keeping the kind.
     pub fn context(self, context: impl fmt::Display) -> Self {
-        Self {
-            kind: self.kind,
-            message: format!("{context}: {}", self.message),
-        }
+        Self { kind: self.kind, message: format!("{context}: {}", self.message) }
     }
 }
 

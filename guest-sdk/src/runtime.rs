@@ -47,15 +47,11 @@ where
     let mut payload = Vec::new();
     let result = match std::io::stdin().lock().read_to_end(&mut payload) {
         Ok(_) => execute(&payload, ctx, handler),
-        Err(err) => Err(Error::retryable(format!(
-            "cannot read the task payload from stdin: {err}"
-        ))),
+        Err(err) => {
+            Err(Error::retryable(format!("cannot read the task payload from stdin: {err}")))
+        }
     };
-    let code = report(
-        result,
-        &mut std::io::stdout().lock(),
-        &mut std::io::stderr().lock(),
-    );
+    let code = report(result, &mut std::io::stdout().lock(), &mut std::io::stderr().lock());
     // `exit` skips destructors; `report` has already flushed stdout.
     std::process::exit(code)
 }
@@ -163,13 +159,7 @@ mod tests {
 
     #[test]
     fn malformed_payload_is_permanent_and_says_so() {
-        for payload in [
-            "{not json",
-            "",
-            r#"{"m": 1}"#,
-            r#"{"n": "x"}"#,
-            "{\"n\":1} 2",
-        ] {
+        for payload in ["{not json", "", r#"{"m": 1}"#, r#"{"n": "x"}"#, "{\"n\":1} 2"] {
             let (code, out, err) = outcome(payload);
             assert_eq!(code, 100, "payload {payload:?}");
             assert_eq!(out, "");
@@ -180,13 +170,8 @@ mod tests {
 
     #[test]
     fn handler_sees_the_context() {
-        let ctx = TaskContext {
-            attempt: 4,
-            ..TaskContext::default()
-        };
-        let result = execute(b"null", ctx, |(): (), ctx: TaskContext| {
-            Ok::<_, Error>(ctx.attempt)
-        });
+        let ctx = TaskContext { attempt: 4, ..TaskContext::default() };
+        let result = execute(b"null", ctx, |(): (), ctx: TaskContext| Ok::<_, Error>(ctx.attempt));
         assert_eq!(result, Ok(b"4\n".to_vec()));
     }
 
@@ -194,9 +179,7 @@ mod tests {
     fn unserializable_result_is_permanent() {
         let mut map = std::collections::HashMap::new();
         map.insert((1, 2), "tuple keys are not JSON");
-        let result = execute(b"null", TaskContext::default(), |(): (), _| {
-            Ok::<_, Error>(map)
-        });
+        let result = execute(b"null", TaskContext::default(), |(): (), _| Ok::<_, Error>(map));
         let err = result.expect_err("cannot serialize");
         assert_eq!(err.kind(), ErrorKind::Permanent);
         assert!(err.message().starts_with("cannot serialize the result"));
@@ -222,10 +205,7 @@ mod tests {
     #[test]
     fn empty_message_still_leaves_a_line() {
         let mut err = Vec::new();
-        assert_eq!(
-            report(Err(Error::permanent(" ")), &mut Vec::new(), &mut err),
-            100
-        );
+        assert_eq!(report(Err(Error::permanent(" ")), &mut Vec::new(), &mut err), 100);
         assert_eq!(err, b"permanent failure\n");
     }
 
