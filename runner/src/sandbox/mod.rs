@@ -1,0 +1,159 @@
+//! The WebAssembly execution layer: runs one task's handler module in a fresh, limited
+//! instance and reports a typed [`Outcome`].
+//!
+//! Owns: the runner's one `wasmtime::Engine` (with its epoch ticker), the WASI linker, module
+//! validation/compilation, the module cache, per-task limits and outcome classification.
+//! Knows nothing about Postgres: the worker feeds it bytes and inputs and records `Execution`s.
+//!
+//! Invariants:
+//! - handlers are untrusted: every run has fuel, a wall-clock deadline, a memory ceiling and a
+//!   stdout ceiling, and no filesystem, network, host env or args;
+//! - nothing here panics or unwraps on guest behaviour or module bytes; a misbehaving guest
+//!   becomes an `Outcome`, a bad module a `ValidationError`;
+//! - compile once (per sha256), instantiate per task: the linker is built once per
+//!   `Sandbox`, modules are kept as `InstancePre`, each run gets a fresh `Store`.
+//!
+//! Files: `config` (settings, limits), `engine` (engine + ticker), `module` (validation,
+//! compiled form), `cache` (sha256 -> compiled), `store` (per-task state), `run` (one task),
+//! `pipes` (bounded stdio), `outcome` (classification).
+
+mod cache;
+mod config;
+mod engine;
+mod module;
+mod outcome;
+mod pipes;
+mod run;
+mod store;
+
+use std::fmt;
+use std::sync::Arc;
+
+use wasmtime::{Engine, Linker};
+
+pub use cache::ModuleCache;
+pub use config::{
+    ConfigError, LimitOverrides, Limits, SandboxConfig, DEFAULT_EPOCH_TICK, DEFAULT_FUEL,
+    DEFAULT_MAX_CONCURRENCY, DEFAULT_MEMORY_BYTES, DEFAULT_OUTPUT_BYTES, DEFAULT_TIMEOUT, MAX_FUEL,
+    MAX_MEMORY_BYTES, MAX_OUTPUT_BYTES, MAX_TIMEOUT,
+};
+pub use engine::AllocatorKind;
+pub use module::{
+    sha256_hex, CompiledModule, ModuleInfo, ValidationError, START_EXPORT, WASI_MODULE,
+};
+pub use outcome::{Execution, Outcome, TrapCause, MESSAGE_MAX_BYTES, PERMANENT_EXIT_CODE};
+pub use run::STDERR_TAIL_BYTES;
+pub use store::TaskInput;
+
+use store::StoreState;
+
+/// A boxed error source (wasmtime's own error type is not a `std::error::Error`).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Failures of the sandbox itself (not of a guest: those are [`Outcome`]s).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SandboxError {
+    /// The configuration did not validate.
+    #[error("invalid sandbox configuration")]
+    Config(#[from] ConfigError),
+    /// The wasmtime engine could not be created.
+    #[error("failed to create the wasmtime engine")]
+    Engine(#[source] BoxError),
+    /// The WASI imports could not be added to the linker.
+    #[error("failed to set up the WASI linker")]
+    Linker(#[source] BoxError),
+    /// The epoch ticker thread could not be started.
+    #[error("failed to start the epoch ticker thread")]
+    Ticker(#[source] std::io::Error),
+    /// The module was rejected.
+    #[error("invalid module")]
+    Invalid(#[from] ValidationError),
+    /// Loading module bytes for the cache failed.
+    #[error("failed to load module {sha256}")]
+    Load {
+        /// The requested module.
+        sha256: String,
+        /// Why loading failed.
+        #[source]
+        source: BoxError,
+    },
+    /// The loaded bytes don't hash to the requested key.
+    #[error("module bytes hash to {actual}, expected {expected}")]
+    HashMismatch {
+        /// The requested key.
+        expected: String,
+        /// The hash of the loaded bytes.
+        actual: String,
+    },
+    /// The blocking compile task died (panicked or was cancelled at shutdown).
+    #[error("module compilation task failed")]
+    CompileTask(#[source] tokio::task::JoinError),
+}
+
+/// The runner's sandbox: one engine, one linker, shared by all tasks. Cheap to clone.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    linker: Linker<StoreState>,
+    allocator: AllocatorKind,
+    config: SandboxConfig,
+}
+
+impl fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("allocator", &self.inner.allocator)
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sandbox {
+    /// Validates `config`, builds the engine (pooling, falling back to on-demand), the WASI
+    /// linker, and starts the epoch ticker thread. Does not need a tokio runtime.
+    pub fn new(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
+        config.validate()?;
+        let (engine, allocator) = engine::build_engine(&config)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p1::add_to_linker_async(&mut linker, |state: &mut StoreState| {
+            &mut state.wasi
+        })
+        .map_err(|e| SandboxError::Linker(e.into_boxed_dyn_error()))?;
+        // Detached: the thread ends by itself once the last engine clone is dropped.
+        let _ticker = engine::spawn_epoch_ticker(&engine, config.epoch_tick)?;
+        tracing::info!(%allocator, max_concurrency = config.max_concurrency, "sandbox ready");
+        Ok(Sandbox { inner: Arc::new(Inner { engine, linker, allocator, config }) })
+    }
+
+    /// Which instance allocator is in use.
+    pub fn allocator(&self) -> AllocatorKind {
+        self.inner.allocator
+    }
+
+    /// The configuration this sandbox was built with.
+    pub fn config(&self) -> &SandboxConfig {
+        &self.inner.config
+    }
+
+    /// The shared engine.
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    /// Checks `bytes` against the guest contract (by compiling it) and describes it.
+    /// CPU-heavy: from async code, call it inside `spawn_blocking`.
+    pub fn validate_module(&self, bytes: &[u8]) -> Result<ModuleInfo, ValidationError> {
+        module::prepare(&self.inner.linker, bytes).map(|m| m.info().clone())
+    }
+
+    /// Validates and compiles `bytes` into a module ready to run. CPU-heavy: from async code,
+    /// prefer [`ModuleCache::get_or_compile`], which runs this on the blocking pool.
+    pub fn compile(&self, bytes: &[u8]) -> Result<CompiledModule, SandboxError> {
+        Ok(module::prepare(&self.inner.linker, bytes)?)
+    }
+}

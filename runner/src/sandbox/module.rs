@@ -1,0 +1,183 @@
+//! Handler modules: validation against the guest contract, and the compiled, link-ready form.
+//!
+//! Owns: [`ValidationError`], [`ModuleInfo`], [`CompiledModule`] and [`prepare`], the one
+//! path from bytes to a runnable module (used by upload validation and by the runner alike,
+//! so an accepted upload is exactly a module the runner can run).
+//!
+//! Invariants:
+//! - only binary core wasm modules are accepted (no text format, no components);
+//! - every import is from `wasi_snapshot_preview1` and resolves against the runner's WASI
+//!   linker; a rejected import is named (module and field);
+//! - `_start` is exported as a `() -> ()` function, and a module that imports WASI exports
+//!   its `memory` (WASI calls trap without it);
+//! - a [`CompiledModule`]'s `sha256` is the hex SHA-256 of the exact bytes it was built from.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+use wasmtime::{ExternType, Linker, Module, ModuleExport, UnknownImportError};
+
+use super::store::StoreState;
+use super::BoxError;
+
+/// The only import namespace a handler may use.
+pub const WASI_MODULE: &str = "wasi_snapshot_preview1";
+/// The entry point of a WASI command.
+pub const START_EXPORT: &str = "_start";
+/// The memory WASI reads and writes through.
+pub const MEMORY_EXPORT: &str = "memory";
+
+const WASM_MAGIC: [u8; 4] = *b"\0asm";
+/// Version field of a core module (components use a different one).
+const CORE_VERSION: [u8; 4] = [1, 0, 0, 0];
+
+/// Why a module was rejected.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ValidationError {
+    /// Not a WebAssembly binary at all.
+    #[error("not a WebAssembly binary (missing the \\0asm header)")]
+    NotWasm,
+    /// A component, or an unknown binary version; handlers are core modules.
+    #[error(
+        "not a core WebAssembly module (components are not supported; build for wasm32-wasip1)"
+    )]
+    NotCoreModule,
+    /// Malformed or uses a disabled feature.
+    #[error("module failed to compile")]
+    Compile(#[source] BoxError),
+    /// No `_start` function: not a WASI command.
+    #[error("module does not export a `_start` function (is it a WASI command built for wasm32-wasip1?)")]
+    MissingStart,
+    /// `_start` exists but has the wrong type.
+    #[error("`_start` must have type () -> (), found {found}")]
+    BadStartSignature {
+        /// The actual type, rendered.
+        found: String,
+    },
+    /// Imports WASI but exports no `memory`: every WASI call would trap.
+    #[error("module imports WASI functions but does not export its linear memory as `memory`")]
+    MissingMemoryExport,
+    /// Import from a namespace other than `wasi_snapshot_preview1`.
+    #[error("forbidden import `{module}::{name}`: handlers may only import from `wasi_snapshot_preview1`")]
+    ForbiddenImport {
+        /// Import module.
+        module: String,
+        /// Import field.
+        name: String,
+    },
+    /// A `wasi_snapshot_preview1` import the runner does not provide.
+    #[error("unknown WASI import `{module}::{name}`")]
+    UnknownImport {
+        /// Import module.
+        module: String,
+        /// Import field.
+        name: String,
+    },
+    /// Imports resolve by name but don't link (e.g. wrong function type).
+    #[error("module cannot be linked against WASI preview 1")]
+    Link(#[source] BoxError),
+}
+
+/// Facts about a validated module, for the admin API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleInfo {
+    /// Hex SHA-256 of the module bytes.
+    pub sha256: String,
+    /// Size of the module bytes.
+    pub size_bytes: usize,
+    /// The WASI functions it imports, in import order.
+    pub wasi_imports: Vec<String>,
+}
+
+/// A compiled module, linked against WASI and ready to instantiate once per task.
+/// Cheap to clone (the compiled code is shared).
+#[derive(Clone)]
+pub struct CompiledModule {
+    pub(crate) pre: wasmtime::InstancePre<StoreState>,
+    pub(crate) start: ModuleExport,
+    info: ModuleInfo,
+}
+
+impl CompiledModule {
+    /// Hex SHA-256 of the bytes this was compiled from (the module cache key).
+    pub fn sha256(&self) -> &str {
+        &self.info.sha256
+    }
+
+    /// What validation learned about the module.
+    pub fn info(&self) -> &ModuleInfo {
+        &self.info
+    }
+}
+
+impl fmt::Debug for CompiledModule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompiledModule").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+/// Hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Validates `bytes` against the guest contract and compiles it. CPU-heavy (a full compile):
+/// call it from a blocking context.
+pub(crate) fn prepare(
+    linker: &Linker<StoreState>,
+    bytes: &[u8],
+) -> Result<CompiledModule, ValidationError> {
+    match bytes.get(..8) {
+        Some(header) if header[..4] == WASM_MAGIC => {
+            if header[4..] != CORE_VERSION {
+                return Err(ValidationError::NotCoreModule);
+            }
+        }
+        _ => return Err(ValidationError::NotWasm),
+    }
+    let module = Module::from_binary(linker.engine(), bytes)
+        .map_err(|e| ValidationError::Compile(e.into_boxed_dyn_error()))?;
+
+    let mut wasi_imports = Vec::new();
+    for import in module.imports() {
+        if import.module() != WASI_MODULE {
+            return Err(ValidationError::ForbiddenImport {
+                module: import.module().to_owned(),
+                name: import.name().to_owned(),
+            });
+        }
+        wasi_imports.push(import.name().to_owned());
+    }
+
+    let exports_memory = matches!(module.get_export(MEMORY_EXPORT), Some(ExternType::Memory(_)));
+    if !wasi_imports.is_empty() && !exports_memory {
+        return Err(ValidationError::MissingMemoryExport);
+    }
+
+    let start = match module.get_export(START_EXPORT) {
+        Some(ExternType::Func(ty)) if ty.params().len() == 0 && ty.results().len() == 0 => {
+            module.get_export_index(START_EXPORT).ok_or(ValidationError::MissingStart)?
+        }
+        Some(ExternType::Func(ty)) => {
+            return Err(ValidationError::BadStartSignature { found: ty.to_string() })
+        }
+        Some(_) | None => return Err(ValidationError::MissingStart),
+    };
+
+    let pre = linker.instantiate_pre(&module).map_err(|e| {
+        match e.downcast_ref::<UnknownImportError>() {
+            Some(unknown) => ValidationError::UnknownImport {
+                module: unknown.module().to_owned(),
+                name: unknown.name().to_owned(),
+            },
+            None => ValidationError::Link(e.into_boxed_dyn_error()),
+        }
+    })?;
+
+    Ok(CompiledModule {
+        pre,
+        start,
+        info: ModuleInfo { sha256: sha256_hex(bytes), size_bytes: bytes.len(), wasi_imports },
+    })
+}

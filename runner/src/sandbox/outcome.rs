@@ -1,0 +1,389 @@
+//! What came of one task run: [`Outcome`], [`Execution`], and the pure classification that
+//! turns the facts of a finished run into an `Outcome`.
+//!
+//! Owns: the guest exit-code contract (0 = success, [`PERMANENT_EXIT_CODE`] = permanent
+//! failure, anything else = retryable) and the stable snake_case [`Outcome::kind`] strings that
+//! the queue stores.
+//!
+//! Invariants:
+//! - classification is structural: flags recorded by our own host code (stdout overflow,
+//!   deadline hit, memory denied), then a downcast of the error to `wasmtime_wasi::I32Exit`,
+//!   `wasmtime::Trap` or `wasmtime::PoolConcurrencyLimitError`. Error *text* is only ever copied
+//!   into messages, never inspected;
+//! - host-side flags win over the error they caused (our own trap error may be wrapped in
+//!   context by wasmtime; the flag is the ground truth);
+//! - `kind()` strings never change once shipped: they are stored in the database.
+
+use std::time::Duration;
+
+use super::pipes::tail_str;
+
+/// Exit code with which a handler says "permanent failure, do not retry".
+pub const PERMANENT_EXIT_CODE: i32 = 100;
+/// Longest handler error message kept from stderr, in bytes.
+pub const MESSAGE_MAX_BYTES: usize = 1024;
+/// Longest snippet of invalid stdout quoted in an `InvalidOutput` message, in bytes.
+const STDOUT_SNIPPET_BYTES: usize = 120;
+
+/// Which trap stopped the guest (for traps that aren't limits with their own outcome).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TrapCause {
+    /// A trap raised by wasm code itself (`unreachable`, out-of-bounds access, ...).
+    Wasm(wasmtime::Trap),
+    /// A trap raised by a host (WASI) function on the guest's behalf, e.g. a malformed call.
+    Host,
+}
+
+/// The typed result of a task run.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Exit 0; stdout parsed as JSON (empty stdout = `null`).
+    Success(serde_json::Value),
+    /// Non-zero exit. `message` is the tail of stderr.
+    HandlerError {
+        /// The exit code was [`PERMANENT_EXIT_CODE`].
+        permanent: bool,
+        /// The guest's exit code.
+        exit_code: i32,
+        /// Tail of stderr (or a stand-in when stderr was empty).
+        message: String,
+    },
+    /// Fuel ran out.
+    OutOfFuel,
+    /// The wall-clock budget ran out (spinning guest stopped at an epoch tick, or a guest
+    /// blocked in a host call stopped by the tokio timeout).
+    Timeout,
+    /// The guest tried to grow (or start with) more linear memory than its limit.
+    MemoryLimit,
+    /// The wasm call stack overflowed.
+    StackOverflow,
+    /// Any other trap.
+    Trap {
+        /// What trapped.
+        cause: TrapCause,
+        /// Human-readable description, for the error history only.
+        message: String,
+    },
+    /// The guest wrote more than `output_bytes` to stdout and was stopped.
+    OutputTooLarge,
+    /// Exit 0 but stdout is not JSON. Holds the parse error and a snippet.
+    InvalidOutput(String),
+    /// No module is registered for the task type (produced by the worker, not the sandbox).
+    ModuleMissing,
+    /// The runner could not run the task (e.g. all pool slots busy); not the guest's fault.
+    RunnerError(String),
+}
+
+impl Outcome {
+    /// Stable snake_case name, as stored in the database.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Outcome::Success(_) => "success",
+            Outcome::HandlerError { .. } => "handler_error",
+            Outcome::OutOfFuel => "out_of_fuel",
+            Outcome::Timeout => "timeout",
+            Outcome::MemoryLimit => "memory_limit",
+            Outcome::StackOverflow => "stack_overflow",
+            Outcome::Trap { .. } => "trap",
+            Outcome::OutputTooLarge => "output_too_large",
+            Outcome::InvalidOutput(_) => "invalid_output",
+            Outcome::ModuleMissing => "module_missing",
+            Outcome::RunnerError(_) => "runner_error",
+        }
+    }
+
+    /// True only for [`Outcome::Success`].
+    pub fn is_success(&self) -> bool {
+        matches!(self, Outcome::Success(_))
+    }
+
+    /// True when the failure must not be retried: the handler exited with
+    /// [`PERMANENT_EXIT_CODE`]. Every other failure is retryable (the worker decides what to
+    /// do with `ModuleMissing`).
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Outcome::HandlerError { permanent: true, .. })
+    }
+
+    /// One-line description for the error history (`None` on success).
+    pub fn message(&self) -> Option<String> {
+        let text = match self {
+            Outcome::Success(_) => return None,
+            Outcome::HandlerError { message, .. } => message.clone(),
+            Outcome::OutOfFuel => "fuel exhausted".to_owned(),
+            Outcome::Timeout => "wall-clock timeout exceeded".to_owned(),
+            Outcome::MemoryLimit => "memory limit exceeded".to_owned(),
+            Outcome::StackOverflow => "call stack exhausted".to_owned(),
+            Outcome::Trap { message, .. } => message.clone(),
+            Outcome::OutputTooLarge => "stdout exceeded the output limit".to_owned(),
+            Outcome::InvalidOutput(msg) => msg.clone(),
+            Outcome::ModuleMissing => "no module registered for this task type".to_owned(),
+            Outcome::RunnerError(msg) => msg.clone(),
+        };
+        Some(text)
+    }
+}
+
+/// Everything the worker needs to report a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Execution {
+    /// What happened.
+    pub outcome: Outcome,
+    /// The last bytes of the guest's stderr (bounded; see `STDERR_TAIL_BYTES`).
+    pub stderr: String,
+    /// Older stderr was dropped to keep `stderr` bounded.
+    pub stderr_truncated: bool,
+    /// Wall-clock time from the start of `run` to the end (store teardown included).
+    pub duration: Duration,
+    /// Fuel consumed (instantiation included).
+    pub fuel_used: u64,
+}
+
+impl Execution {
+    /// The text to record in the error history: the outcome's message, plus the stderr tail
+    /// for failures whose message doesn't already come from stderr (a Rust panic message
+    /// before an `unreachable` trap, say). `None` on success.
+    pub fn failure_message(&self) -> Option<String> {
+        let msg = self.outcome.message()?;
+        let from_stderr = matches!(self.outcome, Outcome::HandlerError { .. });
+        let tail = tail_str(self.stderr.trim_end(), MESSAGE_MAX_BYTES);
+        if from_stderr || tail.is_empty() {
+            Some(msg)
+        } else {
+            Some(format!("{msg}; stderr: {tail}"))
+        }
+    }
+}
+
+/// How the guest call ended, as seen by the host.
+#[derive(Debug)]
+pub(crate) enum Ending {
+    /// `_start` returned normally.
+    Returned,
+    /// Instantiation failed.
+    InstantiateFailed(wasmtime::Error),
+    /// The `_start` call failed (trap, exit, host error).
+    CallFailed(wasmtime::Error),
+    /// The tokio timeout fired while the guest was suspended in a host call.
+    Elapsed,
+}
+
+/// Facts collected after a run, input of [`classify`].
+#[derive(Debug)]
+pub(crate) struct RunFacts<'a> {
+    pub ending: Ending,
+    pub stdout: &'a [u8],
+    pub stdout_overflowed: bool,
+    pub deadline_hit: bool,
+    pub memory_denied: bool,
+    pub stderr_tail: &'a str,
+}
+
+/// Turns the facts of a run into an [`Outcome`]. Pure; see the module invariants.
+pub(crate) fn classify(facts: RunFacts<'_>) -> Outcome {
+    if facts.stdout_overflowed {
+        return Outcome::OutputTooLarge;
+    }
+    if facts.deadline_hit {
+        return Outcome::Timeout;
+    }
+    let (error, instantiating) = match facts.ending {
+        Ending::Returned => return exited(0, facts.stdout, facts.stderr_tail),
+        Ending::Elapsed => return Outcome::Timeout,
+        Ending::InstantiateFailed(e) => (e, true),
+        Ending::CallFailed(e) => (e, false),
+    };
+    if facts.memory_denied {
+        return Outcome::MemoryLimit;
+    }
+    if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return exited(exit.0, facts.stdout, facts.stderr_tail);
+    }
+    if let Some(trap) = error.downcast_ref::<wasmtime::Trap>() {
+        return match *trap {
+            wasmtime::Trap::OutOfFuel => Outcome::OutOfFuel,
+            wasmtime::Trap::StackOverflow => Outcome::StackOverflow,
+            wasmtime::Trap::Interrupt => Outcome::Timeout,
+            other => Outcome::Trap { cause: TrapCause::Wasm(other), message: other.to_string() },
+        };
+    }
+    if error.is::<wasmtime::PoolConcurrencyLimitError>() || instantiating {
+        return Outcome::RunnerError(format!("failed to instantiate module: {error:#}"));
+    }
+    Outcome::Trap { cause: TrapCause::Host, message: format!("{error:#}") }
+}
+
+/// The outcome of a guest that exited with `code` (returning from `_start` is code 0).
+fn exited(code: i32, stdout: &[u8], stderr_tail: &str) -> Outcome {
+    if code != 0 {
+        let tail = tail_str(stderr_tail.trim_end(), MESSAGE_MAX_BYTES);
+        let message = if tail.is_empty() {
+            format!("handler exited with code {code}")
+        } else {
+            tail.to_owned()
+        };
+        return Outcome::HandlerError {
+            permanent: code == PERMANENT_EXIT_CODE,
+            exit_code: code,
+            message,
+        };
+    }
+    let trimmed = stdout.trim_ascii();
+    if trimmed.is_empty() {
+        return Outcome::Success(serde_json::Value::Null);
+    }
+    match serde_json::from_slice(trimmed) {
+        Ok(value) => Outcome::Success(value),
+        Err(e) => {
+            let snippet =
+                String::from_utf8_lossy(&trimmed[..trimmed.len().min(STDOUT_SNIPPET_BYTES)]);
+            Outcome::InvalidOutput(format!("stdout is not valid JSON ({e}): {snippet:?}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn facts(ending: Ending) -> RunFacts<'static> {
+        RunFacts {
+            ending,
+            stdout: b"",
+            stdout_overflowed: false,
+            deadline_hit: false,
+            memory_denied: false,
+            stderr_tail: "",
+        }
+    }
+
+    fn call_failed(e: impl std::error::Error + Send + Sync + 'static) -> Ending {
+        Ending::CallFailed(wasmtime::Error::new(e))
+    }
+
+    #[test]
+    fn returned_with_json_is_success() {
+        let f = RunFacts { stdout: b" {\"n\": 3}\n", ..facts(Ending::Returned) };
+        assert_eq!(classify(f), Outcome::Success(json!({"n": 3})));
+    }
+
+    #[test]
+    fn empty_stdout_is_null() {
+        assert_eq!(classify(facts(Ending::Returned)), Outcome::Success(serde_json::Value::Null));
+    }
+
+    #[test]
+    fn non_json_stdout_is_invalid_output() {
+        let f = RunFacts { stdout: b"hello", ..facts(Ending::Returned) };
+        let out = classify(f);
+        assert_eq!(out.kind(), "invalid_output");
+        assert!(!out.is_permanent());
+    }
+
+    #[test]
+    fn exit_zero_via_proc_exit_is_success() {
+        let f = RunFacts { stdout: b"[1]", ..facts(call_failed(wasmtime_wasi::I32Exit(0))) };
+        assert_eq!(classify(f), Outcome::Success(json!([1])));
+    }
+
+    #[test]
+    fn exit_codes_map_to_handler_errors() {
+        let f = RunFacts {
+            stderr_tail: "log line\nboom: bad input\n",
+            ..facts(call_failed(wasmtime_wasi::I32Exit(100)))
+        };
+        let out = classify(f);
+        assert!(out.is_permanent());
+        assert_eq!(out.message().as_deref(), Some("log line\nboom: bad input"));
+        let out = classify(facts(call_failed(wasmtime_wasi::I32Exit(1))));
+        assert_eq!(
+            out,
+            Outcome::HandlerError {
+                permanent: false,
+                exit_code: 1,
+                message: "handler exited with code 1".into()
+            }
+        );
+    }
+
+    #[test]
+    fn traps_map_by_code() {
+        let t = |trap| classify(facts(call_failed(trap)));
+        assert_eq!(t(wasmtime::Trap::OutOfFuel), Outcome::OutOfFuel);
+        assert_eq!(t(wasmtime::Trap::StackOverflow), Outcome::StackOverflow);
+        assert_eq!(t(wasmtime::Trap::Interrupt), Outcome::Timeout);
+        let out = t(wasmtime::Trap::UnreachableCodeReached);
+        assert!(matches!(
+            out,
+            Outcome::Trap { cause: TrapCause::Wasm(wasmtime::Trap::UnreachableCodeReached), .. }
+        ));
+        assert_eq!(out.kind(), "trap");
+    }
+
+    #[test]
+    fn trap_found_under_context() {
+        let e = wasmtime::Error::new(wasmtime::Trap::OutOfFuel).context("while running _start");
+        assert_eq!(classify(facts(Ending::CallFailed(e))), Outcome::OutOfFuel);
+    }
+
+    #[test]
+    fn host_flags_win_over_the_error() {
+        let unreachable = || call_failed(wasmtime::Trap::UnreachableCodeReached);
+        let f = RunFacts { stdout_overflowed: true, ..facts(unreachable()) };
+        assert_eq!(classify(f), Outcome::OutputTooLarge);
+        let f = RunFacts { deadline_hit: true, ..facts(unreachable()) };
+        assert_eq!(classify(f), Outcome::Timeout);
+        let f = RunFacts { memory_denied: true, ..facts(unreachable()) };
+        assert_eq!(classify(f), Outcome::MemoryLimit);
+        assert_eq!(classify(facts(Ending::Elapsed)), Outcome::Timeout);
+    }
+
+    #[test]
+    fn unknown_errors_split_by_phase() {
+        let msg = || wasmtime::Error::msg("something odd");
+        let out = classify(facts(Ending::CallFailed(msg())));
+        assert!(matches!(out, Outcome::Trap { cause: TrapCause::Host, .. }));
+        let out = classify(facts(Ending::InstantiateFailed(msg())));
+        assert_eq!(out.kind(), "runner_error");
+    }
+
+    #[test]
+    fn kinds_are_stable() {
+        let all = [
+            (Outcome::Success(json!(null)), "success"),
+            (Outcome::OutOfFuel, "out_of_fuel"),
+            (Outcome::Timeout, "timeout"),
+            (Outcome::MemoryLimit, "memory_limit"),
+            (Outcome::StackOverflow, "stack_overflow"),
+            (Outcome::OutputTooLarge, "output_too_large"),
+            (Outcome::InvalidOutput(String::new()), "invalid_output"),
+            (Outcome::ModuleMissing, "module_missing"),
+        ];
+        for (outcome, kind) in all {
+            assert_eq!(outcome.kind(), kind);
+            assert_eq!(outcome.is_success(), kind == "success");
+            assert_eq!(outcome.message().is_none(), kind == "success");
+            assert!(!outcome.is_permanent());
+        }
+    }
+
+    #[test]
+    fn failure_message_appends_stderr_for_traps() {
+        let exec = Execution {
+            outcome: Outcome::Trap {
+                cause: TrapCause::Wasm(wasmtime::Trap::UnreachableCodeReached),
+                message: "wasm trap: unreachable".into(),
+            },
+            stderr: "panicked at src/main.rs:3:5\n".into(),
+            stderr_truncated: false,
+            duration: Duration::ZERO,
+            fuel_used: 0,
+        };
+        assert_eq!(
+            exec.failure_message().as_deref(),
+            Some("wasm trap: unreachable; stderr: panicked at src/main.rs:3:5")
+        );
+    }
+}

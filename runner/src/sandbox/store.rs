@@ -1,0 +1,239 @@
+//! Per-task store state: the WASI context a guest sees, the memory limiter, and the deadline.
+//!
+//! Owns: [`StoreState`], [`TaskLimiter`], [`TaskInput`] and the construction of a fresh
+//! `Store` for one run ([`new_store`]).
+//!
+//! Invariants:
+//! - a guest sees exactly: stdin = its payload, bounded stdout/stderr, the four `SWEEP_*`
+//!   environment variables, no args, no preopened directories, no network, no host env, and
+//!   no blocking of the host thread (WASI sleeps are tokio timers);
+//! - a memory growth past the task's limit (or one we allowed that then failed) is refused
+//!   with a trap *and* recorded in `TaskLimiter::memory_denied`, so `MemoryLimit` is read from
+//!   a flag set by our own code;
+//! - the epoch callback records `deadline_hit` before it stops the guest; until then it yields
+//!   to the async executor on every tick, so a spinning guest cannot starve other tasks.
+
+use std::time::Instant;
+
+use wasmtime::{Engine, ResourceLimiter, Store, UpdateDeadline};
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::pipe::MemoryInputPipe;
+use wasmtime_wasi::WasiCtxBuilder;
+
+use super::config::Limits;
+use super::pipes::BoundedOutput;
+
+/// Table elements a guest table may grow to (matches the pooling allocator's default slot).
+const MAX_TABLE_ELEMENTS: usize = 20_000;
+
+/// What the sandbox tells a guest about the task it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskInput {
+    /// Exposed as `SWEEP_TASK_ID`.
+    pub task_id: String,
+    /// Exposed as `SWEEP_TASK_TYPE`.
+    pub task_type: String,
+    /// 1-based attempt number, exposed as `SWEEP_ATTEMPT`.
+    pub attempt: u32,
+    /// Exposed as `SWEEP_MAX_ATTEMPTS`.
+    pub max_attempts: u32,
+    /// The payload as JSON text; the guest reads it from stdin.
+    pub payload: Vec<u8>,
+}
+
+impl TaskInput {
+    /// Builds an input with `payload` serialized to JSON text.
+    pub fn new(
+        task_id: impl Into<String>,
+        task_type: impl Into<String>,
+        attempt: u32,
+        max_attempts: u32,
+        payload: &serde_json::Value,
+    ) -> Self {
+        TaskInput {
+            task_id: task_id.into(),
+            task_type: task_type.into(),
+            attempt,
+            max_attempts,
+            // Serializing a `Value` only fails for non-string map keys, which `Value` can't have.
+            payload: serde_json::to_vec(payload).unwrap_or_default(),
+        }
+    }
+}
+
+/// The guest asked for more linear memory than its limit. Raised as a trap by [`TaskLimiter`].
+#[derive(Debug, thiserror::Error)]
+#[error("memory limit exceeded: guest asked for {desired} bytes, limit is {limit}")]
+pub(crate) struct MemoryLimitExceeded {
+    desired: usize,
+    limit: usize,
+}
+
+/// The wall-clock deadline passed while the guest was running wasm code.
+#[derive(Debug, thiserror::Error)]
+#[error("wall-clock deadline exceeded")]
+pub(crate) struct DeadlineExceeded;
+
+/// Memory/table limiter for one store; records whether it refused memory.
+#[derive(Debug)]
+pub(crate) struct TaskLimiter {
+    pub(super) memory_bytes: usize,
+    pub memory_denied: bool,
+}
+
+impl ResourceLimiter for TaskLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_bytes {
+            self.memory_denied = true;
+            return Err(wasmtime::Error::new(MemoryLimitExceeded {
+                desired,
+                limit: self.memory_bytes,
+            }));
+        }
+        // Growing past the module's own declared maximum is ordinary wasm: grow returns -1.
+        Ok(maximum.is_none_or(|max| desired <= max))
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        // We allowed the growth but it failed anyway (pool slot cap, OS out of memory): the
+        // guest still can't have the memory, and it is still a memory limit, not a bug.
+        self.memory_denied = true;
+        Err(error.context("linear memory growth failed"))
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS && maximum.is_none_or(|max| desired <= max))
+    }
+
+    fn instances(&self) -> usize {
+        1
+    }
+
+    fn tables(&self) -> usize {
+        1
+    }
+
+    fn memories(&self) -> usize {
+        1
+    }
+}
+
+/// The `T` of every task's `Store<T>`.
+pub(crate) struct StoreState {
+    pub wasi: WasiP1Ctx,
+    pub limiter: TaskLimiter,
+    pub deadline: Instant,
+    pub deadline_hit: bool,
+}
+
+impl std::fmt::Debug for StoreState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreState")
+            .field("limiter", &self.limiter)
+            .field("deadline", &self.deadline)
+            .field("deadline_hit", &self.deadline_hit)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A fresh store for one run, with fuel, limiter and epoch callback installed.
+pub(crate) fn new_store(
+    engine: &Engine,
+    input: &TaskInput,
+    limits: &Limits,
+    started: Instant,
+    stdout: &BoundedOutput,
+    stderr: &BoundedOutput,
+) -> wasmtime::Result<Store<StoreState>> {
+    let wasi = WasiCtxBuilder::new()
+        .stdin(MemoryInputPipe::new(input.payload.clone()))
+        .stdout(stdout.clone())
+        .stderr(stderr.clone())
+        .env("SWEEP_TASK_ID", &input.task_id)
+        .env("SWEEP_TASK_TYPE", &input.task_type)
+        .env("SWEEP_ATTEMPT", input.attempt.to_string())
+        .env("SWEEP_MAX_ATTEMPTS", input.max_attempts.to_string())
+        .allow_blocking_current_thread(false)
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .build_p1();
+    let state = StoreState {
+        wasi,
+        limiter: TaskLimiter {
+            memory_bytes: usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX),
+            memory_denied: false,
+        },
+        deadline: started + limits.timeout,
+        deadline_hit: false,
+    };
+    let mut store = Store::new(engine, state);
+    store.limiter(|state| &mut state.limiter);
+    store.set_fuel(limits.fuel)?;
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(|mut ctx| {
+        let state = ctx.data_mut();
+        if Instant::now() >= state.deadline {
+            state.deadline_hit = true;
+            return Err(wasmtime::Error::new(DeadlineExceeded));
+        }
+        Ok(UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())))
+    });
+    Ok(store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter(memory_bytes: usize) -> TaskLimiter {
+        TaskLimiter { memory_bytes, memory_denied: false }
+    }
+
+    #[test]
+    fn memory_within_limit_is_allowed() -> wasmtime::Result<()> {
+        let mut l = limiter(1 << 20);
+        assert!(l.memory_growing(0, 1 << 20, None)?);
+        assert!(!l.memory_denied);
+        Ok(())
+    }
+
+    #[test]
+    fn memory_past_limit_traps_and_is_recorded() {
+        let mut l = limiter(1 << 16);
+        let err = l.memory_growing(0, 1 << 17, None).err();
+        assert!(err.is_some_and(|e| e.is::<MemoryLimitExceeded>()));
+        assert!(l.memory_denied);
+    }
+
+    #[test]
+    fn permitted_growth_that_fails_is_recorded() {
+        let mut l = limiter(1 << 30);
+        assert!(l.memory_grow_failed(wasmtime::Error::msg("pool slot full")).is_err());
+        assert!(l.memory_denied);
+    }
+
+    #[test]
+    fn module_maximum_is_ordinary_failure() -> wasmtime::Result<()> {
+        let mut l = limiter(1 << 30);
+        assert!(!l.memory_growing(0, 1 << 17, Some(1 << 16))?);
+        assert!(!l.memory_denied);
+        Ok(())
+    }
+
+    #[test]
+    fn task_input_serializes_payload() {
+        let input = TaskInput::new("id", "t", 1, 3, &serde_json::json!({"a": 1}));
+        assert_eq!(input.payload, br#"{"a":1}"#);
+    }
+}
