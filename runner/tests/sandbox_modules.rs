@@ -1,0 +1,139 @@
+//! Module validation (the upload check) and the sha256-keyed module cache.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use sweep::sandbox::{
+    sha256_hex, ModuleCache, Sandbox, SandboxConfig, SandboxError, ValidationError,
+};
+
+const WASI: &str = "wasi_snapshot_preview1";
+
+/// A minimal WASI command: imports `fd_write`, exports `memory` and `_start`.
+const COMMAND: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "proc_exit" (func (param i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")))"#;
+
+const NOOP: &str = r#"(module (memory 1) (func (export "_start")))"#;
+
+fn sandbox() -> &'static Sandbox {
+    static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
+    SANDBOX.get_or_init(|| Sandbox::new(SandboxConfig::default()).expect("sandbox builds"))
+}
+
+#[test]
+fn validation_accepts_a_wasi_command() -> anyhow::Result<()> {
+    let bytes = wat::parse_str(COMMAND)?;
+    let info = sandbox().validate_module(&bytes)?;
+    assert_eq!(info.wasi_imports, ["fd_write", "proc_exit"]);
+    assert_eq!(info.size_bytes, bytes.len());
+    assert_eq!(info.sha256, sha256_hex(&bytes));
+    assert_eq!(info.sha256.len(), 64);
+    Ok(())
+}
+
+#[test]
+fn validation_rejects_bad_modules_with_typed_errors() -> anyhow::Result<()> {
+    let sb = sandbox();
+    let check = |bytes: &[u8]| sb.validate_module(bytes).err();
+
+    assert!(matches!(check(b"hello, world"), Some(ValidationError::NotWasm)));
+    assert!(matches!(check(b""), Some(ValidationError::NotWasm)));
+    assert!(matches!(check(b"\0asm\x0d\x00\x01\x00"), Some(ValidationError::NotCoreModule)));
+    assert!(matches!(check(b"\0asm\x01\x00\x00\x00\xff\xff"), Some(ValidationError::Compile(_))));
+
+    let no_start = wat::parse_str(r#"(module (func (export "main")))"#)?;
+    assert!(matches!(check(&no_start), Some(ValidationError::MissingStart)));
+
+    let bad_sig = wat::parse_str(r#"(module (func (export "_start") (param i32)))"#)?;
+    assert!(matches!(check(&bad_sig), Some(ValidationError::BadStartSignature { .. })));
+
+    let forbidden =
+        wat::parse_str(r#"(module (import "env" "host_fn" (func)) (func (export "_start")))"#)?;
+    match check(&forbidden) {
+        Some(ValidationError::ForbiddenImport { module, name }) => {
+            assert_eq!((module.as_str(), name.as_str()), ("env", "host_fn"));
+        }
+        other => anyhow::bail!("expected ForbiddenImport, got {other:?}"),
+    }
+    let err = sb.validate_module(&forbidden).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("env::host_fn"), "{err}");
+
+    let unknown = wat::parse_str(
+        r#"(module (import "wasi_snapshot_preview1" "no_such_call" (func))
+            (memory (export "memory") 1) (func (export "_start")))"#,
+    )?;
+    match check(&unknown) {
+        Some(ValidationError::UnknownImport { module, name }) => {
+            assert_eq!((module.as_str(), name.as_str()), (WASI, "no_such_call"));
+        }
+        other => anyhow::bail!("expected UnknownImport, got {other:?}"),
+    }
+
+    let no_memory = wat::parse_str(
+        r#"(module (import "wasi_snapshot_preview1" "proc_exit" (func (param i32))) (func (export "_start")))"#,
+    )?;
+    assert!(matches!(check(&no_memory), Some(ValidationError::MissingMemoryExport)));
+
+    let wrong_type = wat::parse_str(
+        r#"(module (import "wasi_snapshot_preview1" "proc_exit" (func (param i64)))
+            (memory (export "memory") 1) (func (export "_start")))"#,
+    )?;
+    assert!(matches!(check(&wrong_type), Some(ValidationError::Link(_))));
+    Ok(())
+}
+
+#[test]
+fn compile_wraps_validation_errors() {
+    assert!(matches!(
+        sandbox().compile(b"nope"),
+        Err(SandboxError::Invalid(ValidationError::NotWasm))
+    ));
+}
+
+#[tokio::test]
+async fn module_cache_compiles_once_and_checks_hashes() -> anyhow::Result<()> {
+    let cache = ModuleCache::new(sandbox().clone());
+    let bytes = wat::parse_str(NOOP)?;
+    let sha = sha256_hex(&bytes);
+    let loads = AtomicUsize::new(0);
+    let load = || async {
+        loads.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>(bytes.clone())
+    };
+    let (a, b) = tokio::join!(cache.get_or_compile(&sha, load), cache.get_or_compile(&sha, load));
+    let (a, b) = (a?, b?);
+    assert!(Arc::ptr_eq(&a, &b));
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+    assert_eq!(a.sha256(), sha);
+    assert!(cache.get(&sha).is_some());
+    assert_eq!(cache.len(), 1);
+
+    let wrong = "0".repeat(64);
+    let res =
+        cache.get_or_compile(&wrong, || async { Ok::<_, std::io::Error>(bytes.clone()) }).await;
+    assert!(matches!(res, Err(SandboxError::HashMismatch { .. })));
+    let res = cache
+        .get_or_compile(&wrong, || async { Err::<Vec<u8>, _>(std::io::Error::other("db down")) })
+        .await;
+    assert!(matches!(res, Err(SandboxError::Load { .. })));
+    assert_eq!(cache.len(), 1);
+
+    // A failed load leaves nothing behind: the next call for that key loads again.
+    let other = wat::parse_str(COMMAND)?;
+    let other_sha = sha256_hex(&other);
+    let res = cache
+        .get_or_compile(&other_sha, || async {
+            Err::<Vec<u8>, _>(std::io::Error::other("db down"))
+        })
+        .await;
+    assert!(res.is_err());
+    let m = cache.get_or_compile(&other_sha, || async { Ok::<_, std::io::Error>(other) }).await?;
+    assert_eq!(m.sha256(), other_sha);
+    assert!(cache.remove(&other_sha));
+    assert!(cache.remove(&sha));
+    assert!(cache.is_empty());
+    Ok(())
+}
