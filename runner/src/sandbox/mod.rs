@@ -19,6 +19,8 @@
 
 mod cache;
 mod config;
+#[cfg(test)]
+mod cost_tests;
 mod engine;
 mod module;
 mod outcome;
