@@ -2,6 +2,11 @@
 //!
 //! - [`queue`]: the task table and every SQL statement (claim, complete, retry, dead-letter).
 //! - [`sandbox`]: the wasmtime engine, module cache, per-task limits and outcome classification.
+//! - [`worker`]: the runner loop (claim -> run -> report), heartbeats, maintenance, shutdown.
+//! - [`config`]: runner settings with defaults and cross-checks.
 
+pub mod config;
+pub mod metrics;
 pub mod queue;
 pub mod sandbox;
+pub mod worker;

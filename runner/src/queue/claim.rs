@@ -47,6 +47,7 @@ pub async fn claim_batch<'c, E: PgExecutor<'c>>(
                 attempts = t.attempts + 1,
                 lease_owner = $1,
                 lease_expires_at = now() + $4 * interval '1 millisecond',
+                started_at = now(),
                 updated_at = now()
             from picked
             where t.id = picked.id

@@ -156,10 +156,10 @@ pub async fn fail_batch<'c, E: PgExecutor<'c>>(
         buried as (
             insert into dead_tasks (id, tenant, task_type, payload, priority, attempts,
                                     max_attempts, dedup_key, last_error, errors, module_sha256,
-                                    reason, created_at)
+                                    reason, created_at, started_at)
             select id, tenant, task_type, payload, priority, attempts, max_attempts, dedup_key,
                    final_message, errors || jsonb_build_array(entry),
-                   coalesce(final_sha, module_sha256), final_kind, created_at
+                   coalesce(final_sha, module_sha256), final_kind, created_at, started_at
             from killed
             returning id
         )

@@ -80,11 +80,12 @@ pub async fn requeue<'c, E: PgExecutor<'c>>(
 }
 
 /// One task as an operator sees it, live or dead.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct TaskView {
     pub id: TaskId,
     pub tenant: String,
     pub task_type: String,
+    #[sqlx(try_from = "String")]
     pub state: TaskState,
     pub payload: Value,
     pub priority: i32,
@@ -97,41 +98,26 @@ pub struct TaskView {
     pub result: Option<Value>,
     pub module_sha256: Option<String>,
     pub created_at: DateTime<Utc>,
+    /// When the last attempt started.
+    pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
 }
-
-type ViewRow = (
-    TaskId,
-    String,
-    String,
-    String,
-    Value,
-    i32,
-    i32,
-    i32,
-    Option<DateTime<Utc>>,
-    Option<String>,
-    Option<String>,
-    Value,
-    Option<Value>,
-    Option<String>,
-    DateTime<Utc>,
-    Option<DateTime<Utc>>,
-);
 
 pub async fn get_task<'c, E: PgExecutor<'c>>(
     executor: E,
     tenant: Option<&str>,
     id: TaskId,
 ) -> Result<TaskView, QueueError> {
-    let row: Option<ViewRow> = sqlx::query_as(
+    let row: Option<TaskView> = sqlx::query_as(
         r#"
         select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
-               dedup_key, last_error, errors, result, module_sha256, created_at, finished_at
+               dedup_key, last_error, errors, result, module_sha256, created_at, started_at,
+               finished_at
         from tasks where id = $1 and ($2::text is null or tenant = $2)
         union all
-        select id, tenant, task_type, 'dead', payload, priority, attempts, max_attempts, null,
-               dedup_key, last_error, errors, null, module_sha256, created_at, died_at
+        select id, tenant, task_type, 'dead' as state, payload, priority, attempts, max_attempts, null as run_at,
+               dedup_key, last_error, errors, null as result, module_sha256, created_at,
+               started_at, died_at as finished_at
         from dead_tasks where id = $1 and ($2::text is null or tenant = $2)
         "#,
     )
@@ -139,25 +125,7 @@ pub async fn get_task<'c, E: PgExecutor<'c>>(
     .bind(tenant)
     .fetch_optional(executor)
     .await?;
-    let Some(r) = row else { return Err(QueueError::NotFound(id)) };
-    Ok(TaskView {
-        id: r.0,
-        tenant: r.1,
-        task_type: r.2,
-        state: parse_state(&r.3)?,
-        payload: r.4,
-        priority: r.5,
-        attempts: r.6,
-        max_attempts: r.7,
-        run_at: r.8,
-        dedup_key: r.9,
-        last_error: r.10,
-        errors: r.11,
-        result: r.12,
-        module_sha256: r.13,
-        created_at: r.14,
-        finished_at: r.15,
-    })
+    row.ok_or(QueueError::NotFound(id))
 }
 
 /// A row of the dead-letter table.

@@ -11,6 +11,7 @@
 //! - a task that dies leaves `tasks` and enters `dead_tasks` in the same statement;
 //! - bad input is rejected before anything is written ([`InvalidTask`]).
 
+pub mod bench_support;
 mod claim;
 mod complete;
 mod connect;

@@ -66,6 +66,13 @@ impl FromStr for TaskState {
     }
 }
 
+impl TryFrom<String> for TaskState {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
 /// When a new task becomes due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Schedule {

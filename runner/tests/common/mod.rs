@@ -35,3 +35,106 @@ pub async fn show(pool: &PgPool, id: TaskId) -> TaskView {
 pub async fn state(pool: &PgPool, id: TaskId) -> TaskState {
     show(pool, id).await.state
 }
+
+// ---- running real Wasm through a real runner ------------------------------------------
+
+use std::path::PathBuf;
+
+use sweep::{
+    config::WorkerConfig,
+    queue::{ModuleSettings, RetryPolicy},
+    sandbox::{sha256_hex, Limits, SandboxConfig},
+    worker::{Worker, WorkerSummary},
+};
+use tokio::{sync::oneshot, task::JoinHandle};
+
+/// The bytes of a module built by `scripts/build-modules.sh`.
+pub fn module_bytes(name: &str) -> Vec<u8> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let path = target.join("wasm32-wasip1/wasm").join(format!("{name}.wasm"));
+    std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; run scripts/build-modules.sh", path.display()))
+}
+
+/// Registers (and activates) module `file` as the handler for `task_type`.
+pub async fn register(pool: &PgPool, task_type: &str, file: &str, settings: ModuleSettings) -> String {
+    let bytes = module_bytes(file);
+    let sha = sha256_hex(&bytes);
+    queue::register_module(pool, "default", task_type, &sha, &bytes, &settings).await.expect("register");
+    sha
+}
+
+/// Settings for tests: small limits, instant retries, quick polling.
+pub fn test_config() -> WorkerConfig {
+    WorkerConfig {
+        concurrency: 4,
+        poll_interval: Duration::from_millis(50),
+        retry: RetryPolicy { base: Duration::from_millis(1), cap: Duration::from_millis(5), jitter: 0.0 },
+        sandbox: SandboxConfig {
+            max_concurrency: 4,
+            defaults: Limits {
+                fuel: 2_000_000_000,
+                timeout: Duration::from_secs(10),
+                memory_bytes: 64 << 20,
+                output_bytes: 64 << 10,
+            },
+            ..SandboxConfig::default()
+        },
+        ..WorkerConfig::default()
+    }
+}
+
+/// A runner running in this process until [`RunningWorker::stop`].
+pub struct RunningWorker {
+    pub id: uuid::Uuid,
+    stop: oneshot::Sender<()>,
+    handle: JoinHandle<WorkerSummary>,
+}
+
+pub fn start_worker(pool: &PgPool, config: WorkerConfig) -> RunningWorker {
+    let worker = Worker::new(pool.clone(), config).expect("worker");
+    let id = worker.id();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let handle = tokio::spawn(async move {
+        worker
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("worker run")
+    });
+    RunningWorker { id, stop, handle }
+}
+
+impl RunningWorker {
+    pub async fn stop(self) -> WorkerSummary {
+        let _ = self.stop.send(());
+        self.handle.await.expect("worker task")
+    }
+}
+
+/// Waits (polling the database) until task `id` satisfies `done`, for at most a minute.
+pub async fn wait_for(pool: &PgPool, id: TaskId, what: &str, done: impl Fn(&TaskView) -> bool) -> TaskView {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let t = show(pool, id).await;
+        if done(&t) {
+            return t;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "task {id} never became {what}: {t:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub async fn wait_settled(pool: &PgPool, id: TaskId) -> TaskView {
+    wait_for(pool, id, "succeeded or dead", |t| matches!(t.state, TaskState::Succeeded | TaskState::Dead)).await
+}
+
+/// The `kind` of each entry of a task's error history.
+pub fn error_kinds(t: &TaskView) -> Vec<String> {
+    t.errors.as_array().map_or_else(Vec::new, |a| {
+        a.iter().filter_map(|e| e["kind"].as_str().map(str::to_owned)).collect()
+    })
+}

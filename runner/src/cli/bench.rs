@@ -1,0 +1,201 @@
+//! `sweep bench`: end-to-end benchmarks of a real runner on a fresh database.
+//!
+//! - `throughput`: bulk-enqueue N no-op tasks, run one runner until they are drained, report
+//!   tasks/s and enqueue-to-start latency percentiles.
+//! - `latency`: enqueue one task at a time at a fixed rate into an idle queue and report the
+//!   wake-up latency distribution (enqueue commit to attempt start, NOTIFY path).
+//!
+//! Latencies are measured in the database's own clock (`started_at - run_at`), so client and
+//! server clocks never mix. Every task runs in a fresh Wasm instance with every limit on.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use sqlx::{migrate::MigrateDatabase, PgPool, Postgres};
+use sweep::{
+    queue::{self, ModuleSettings, NewTask},
+    sandbox::sha256_hex,
+    worker::Worker,
+};
+use tokio::{sync::oneshot, time::Instant};
+
+use super::serve::{default_modules_dir, WorkerArgs};
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub mode: BenchMode,
+    /// The benchmark's own database: dropped and created afresh on every run.
+    #[arg(
+        long,
+        global = true,
+        env = "SWEEP_BENCH_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/sweep_bench_e2e"
+    )]
+    pub database_url: String,
+    /// Where the built Wasm modules are (see scripts/build-modules.sh).
+    #[arg(long, global = true, default_value_os_t = default_modules_dir())]
+    pub modules_dir: PathBuf,
+    /// The raw SQL ceiling in jobs/s (from shared/bench/sql-limit.sh), to print a ratio.
+    #[arg(long, global = true)]
+    pub sql_limit: Option<f64>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchMode {
+    /// Drain a pre-filled queue of no-op tasks.
+    Throughput {
+        /// Tasks to enqueue and drain.
+        #[arg(long, default_value_t = 100_000)]
+        tasks: usize,
+        /// Finished tasks to keep in the table before the run (history the claim path must
+        /// not slow down with).
+        #[arg(long, default_value_t = 0)]
+        retained: usize,
+        #[command(flatten)]
+        worker: WorkerArgs,
+    },
+    /// Wake-up latency: one task at a time into an idle queue.
+    Latency {
+        /// Tasks to enqueue.
+        #[arg(long, default_value_t = 2000)]
+        tasks: usize,
+        /// Enqueues per second.
+        #[arg(long, default_value_t = 200)]
+        rate: u32,
+        #[command(flatten)]
+        worker: WorkerArgs,
+    },
+}
+
+const ENQUEUE_CHUNK: usize = 10_000;
+
+pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let url = &args.database_url;
+    if Postgres::database_exists(url).await.context("reaching Postgres")? {
+        Postgres::drop_database(url).await.context("dropping the previous bench database")?;
+    }
+    let pool = queue::connect(url, 16).await.context("creating the bench database")?;
+    let noop = std::fs::read(args.modules_dir.join("noop.wasm"))
+        .context("reading noop.wasm (run scripts/build-modules.sh first)")?;
+    queue::register_module(
+        &pool,
+        queue::DEFAULT_TENANT,
+        "noop",
+        &sha256_hex(&noop),
+        &noop,
+        &ModuleSettings::default(),
+    )
+    .await?;
+    match args.mode {
+        BenchMode::Throughput { tasks, retained, worker } => {
+            throughput(&pool, tasks, retained, &worker, args.sql_limit).await
+        }
+        BenchMode::Latency { tasks, rate, worker } => latency(&pool, tasks, rate, &worker).await,
+    }
+}
+
+async fn throughput(
+    pool: &PgPool,
+    n: usize,
+    retained: usize,
+    args: &WorkerArgs,
+    sql_limit: Option<f64>,
+) -> anyhow::Result<()> {
+    if retained > 0 {
+        println!("filling history: {retained} finished tasks");
+        sweep::queue::bench_support::fill_finished(pool, "noop", retained).await?;
+    }
+    let started = Instant::now();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(ENQUEUE_CHUNK) {
+        let tasks: Vec<NewTask> =
+            chunk.iter().map(|i| NewTask::new("noop", json!({ "i": i }))).collect();
+        queue::enqueue_many(pool, &tasks).await?;
+    }
+    let enqueue_secs = started.elapsed().as_secs_f64();
+    println!(
+        "enqueued {n} tasks in {enqueue_secs:.2}s ({:.0} tasks/s, bulk of {ENQUEUE_CHUNK})",
+        n as f64 / enqueue_secs
+    );
+
+    let config = args.to_config();
+    let worker = Worker::new(pool.clone(), config.clone())?;
+    let bar = ProgressBar::new(n as u64).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} tasks  {per_sec}  eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let (stop, stopped) = oneshot::channel::<()>();
+    let run_started = Instant::now();
+    let runner = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    let done = loop {
+        let left = usize::try_from(queue::bench_support::count_unfinished(pool).await?)?;
+        let done = n.saturating_sub(left);
+        bar.set_position(done as u64);
+        if left == 0 {
+            break done;
+        }
+        if runner.is_finished() {
+            bail!("the runner stopped early");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let secs = run_started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let _ = stop.send(());
+    runner.await??;
+
+    let rate = done as f64 / secs;
+    println!(
+        "drained {done} tasks in {secs:.2}s: {rate:.0} tasks/s  (batch {}, concurrency {}, fresh \
+         instance per task, fuel + epoch deadline + memory + output limits on)",
+        config.batch_size, config.concurrency
+    );
+    if let Some(limit) = sql_limit {
+        println!("ratio to the raw SQL ceiling ({limit:.0} jobs/s): {:.2}x", rate / limit);
+    }
+    print_latency("enqueue-to-start", pool).await
+}
+
+async fn latency(pool: &PgPool, n: usize, rate: u32, args: &WorkerArgs) -> anyhow::Result<()> {
+    if rate == 0 {
+        bail!("--rate must be at least 1");
+    }
+    let worker = Worker::new(pool.clone(), args.to_config())?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let runner = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    // Let the runner reach its idle wait before the first enqueue.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let bar = ProgressBar::new(n as u64);
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
+    for i in 0..n {
+        tick.tick().await;
+        queue::enqueue(pool, NewTask::new("noop", json!({ "i": i }))).await?;
+        bar.inc(1);
+    }
+    while queue::bench_support::count_unfinished(pool).await? > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bar.finish_and_clear();
+    let _ = stop.send(());
+    runner.await??;
+    println!("{n} tasks enqueued one at a time at {rate}/s into an idle queue");
+    print_latency("wake-up (enqueue commit to start)", pool).await
+}
+
+async fn print_latency(what: &str, pool: &PgPool) -> anyhow::Result<()> {
+    let p = queue::bench_support::start_latency_percentiles(pool, &[0.5, 0.95, 0.99]).await?;
+    let ms = |s: f64| s * 1000.0;
+    println!(
+        "{what} latency: p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms",
+        ms(p[0]),
+        ms(p[1]),
+        ms(p[2])
+    );
+    Ok(())
+}

@@ -1,0 +1,46 @@
+//! The `sweep` command line: argument definitions and dispatch. Flags and environment are
+//! parsed here, once, into the library's plain config structs.
+//!
+//! Server-side commands (`migrate`, `run`, `demo`) talk to Postgres directly; client
+//! commands (`tenant`, `module`, `enqueue`, `task`, `stats`, `dead`) talk to the admin API.
+
+mod bench;
+mod demo;
+mod serve;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "sweep", version, about = "Background jobs in Postgres, each run as a sandboxed WebAssembly module")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DatabaseArgs {
+    /// Postgres connection string; the database is created if missing.
+    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/sweep")]
+    pub database_url: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the database if needed and apply migrations.
+    Migrate(DatabaseArgs),
+    /// Run a runner: claim tasks and execute their modules until SIGINT/SIGTERM.
+    Run(serve::RunArgs),
+    /// Register the example modules, enqueue work, run it and show what happened.
+    Demo(demo::DemoArgs),
+    /// End-to-end benchmarks of a runner on a fresh database (throughput, wake-up latency).
+    Bench(bench::BenchArgs),
+}
+
+pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Migrate(db) => serve::migrate(db).await,
+        Command::Run(args) => serve::run(args).await,
+        Command::Demo(args) => demo::demo(args).await,
+        Command::Bench(args) => bench::bench(args).await,
+    }
+}

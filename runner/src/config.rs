@@ -1,0 +1,156 @@
+//! Runner settings: plain structs with `DEFAULT_*` constants and a `validate()` that
+//! cross-checks fields. No environment reads here: `main.rs` parses flags and env once.
+
+use std::time::Duration;
+
+use crate::{queue::RetryPolicy, sandbox::SandboxConfig};
+
+pub const DEFAULT_CONCURRENCY: usize = 16;
+pub const DEFAULT_BATCH_SIZE: usize = 50;
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(10);
+pub const DEFAULT_REAPER_INTERVAL: Duration = Duration::from_secs(5);
+pub const DEFAULT_RETENTION_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+pub const DEFAULT_RETENTION_BATCH: usize = 1000;
+/// Runner rows silent for this long are pruned from `runners`.
+pub const DEFAULT_RUNNER_EXPIRY: Duration = Duration::from_secs(3600);
+/// Most reports written in one completion statement.
+pub const DEFAULT_REPORT_BATCH: usize = 500;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerConfig {
+    /// Tasks that run at once.
+    pub concurrency: usize,
+    /// Most tasks claimed per statement.
+    pub batch_size: usize,
+    /// How long a claim is leased; heartbeats renew it every third of this.
+    pub lease: Duration,
+    /// Backstop for NOTIFY wake-ups.
+    pub poll_interval: Duration,
+    /// On shutdown, how long running tasks may take to finish before they are handed back.
+    pub grace_period: Duration,
+    /// Only claim these task types (empty: all).
+    pub task_types: Vec<String>,
+    /// Backoff for task types whose module sets none.
+    pub retry: RetryPolicy,
+    pub report_batch: usize,
+    pub maintenance: MaintenanceConfig,
+    pub sandbox: SandboxConfig,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaintenanceConfig {
+    pub reaper_interval: Duration,
+    pub retention_ttl: Duration,
+    pub retention_interval: Duration,
+    pub retention_batch: usize,
+    pub runner_expiry: Duration,
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> Self {
+        MaintenanceConfig {
+            reaper_interval: DEFAULT_REAPER_INTERVAL,
+            retention_ttl: DEFAULT_RETENTION_TTL,
+            retention_interval: DEFAULT_RETENTION_INTERVAL,
+            retention_batch: DEFAULT_RETENTION_BATCH,
+            runner_expiry: DEFAULT_RUNNER_EXPIRY,
+        }
+    }
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            concurrency: DEFAULT_CONCURRENCY,
+            batch_size: DEFAULT_BATCH_SIZE,
+            lease: DEFAULT_LEASE,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            grace_period: DEFAULT_GRACE_PERIOD,
+            task_types: Vec::new(),
+            retry: RetryPolicy::default(),
+            report_batch: DEFAULT_REPORT_BATCH,
+            maintenance: MaintenanceConfig::default(),
+            sandbox: SandboxConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("{0} must be greater than zero")]
+    Zero(&'static str),
+    #[error("the lease ({lease:?}) must be at least three times the poll granularity of 1s")]
+    LeaseTooShort { lease: Duration },
+    #[error("concurrency ({concurrency}) exceeds the sandbox's max_concurrency ({sandbox})")]
+    ConcurrencyAboveSandbox { concurrency: usize, sandbox: u32 },
+    #[error("retry policy: {0}")]
+    Retry(#[from] crate::queue::RetryPolicyError),
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] crate::sandbox::ConfigError),
+}
+
+impl WorkerConfig {
+    /// The interval between lease renewals.
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.lease / 3
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (name, value) in [
+            ("concurrency", self.concurrency),
+            ("batch_size", self.batch_size),
+            ("report_batch", self.report_batch),
+            ("retention_batch", self.maintenance.retention_batch),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Zero(name));
+            }
+        }
+        for (name, value) in [
+            ("poll_interval", self.poll_interval),
+            ("reaper_interval", self.maintenance.reaper_interval),
+            ("retention_interval", self.maintenance.retention_interval),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::Zero(name));
+            }
+        }
+        if self.lease < Duration::from_secs(3) {
+            return Err(ConfigError::LeaseTooShort { lease: self.lease });
+        }
+        let sandbox_slots = self.sandbox.max_concurrency;
+        if u32::try_from(self.concurrency).map_or(true, |c| c > sandbox_slots) {
+            return Err(ConfigError::ConcurrencyAboveSandbox {
+                concurrency: self.concurrency,
+                sandbox: sandbox_slots,
+            });
+        }
+        self.retry.validate()?;
+        self.sandbox.validate()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        assert_eq!(WorkerConfig::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn cross_checks_catch_inconsistent_settings() {
+        let c = WorkerConfig { concurrency: 0, ..WorkerConfig::default() };
+        assert_eq!(c.validate(), Err(ConfigError::Zero("concurrency")));
+        let c = WorkerConfig { lease: Duration::from_secs(1), ..WorkerConfig::default() };
+        assert!(matches!(c.validate(), Err(ConfigError::LeaseTooShort { .. })));
+        let c = WorkerConfig { concurrency: 1000, ..WorkerConfig::default() };
+        assert!(matches!(c.validate(), Err(ConfigError::ConcurrencyAboveSandbox { .. })));
+    }
+}

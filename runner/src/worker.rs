@@ -1,0 +1,294 @@
+//! The runner loop: claim -> run -> report, with heartbeats, maintenance and graceful shutdown.
+//!
+//! Shape: one claim loop takes as many due tasks as there are free slots (up to a batch),
+//! spawns each into its own tokio task that runs the module in the sandbox, and hands the
+//! outcome to the reporter, which writes completions and failures back in batches while the
+//! claim loop already claims the next batch. Heartbeats renew every lease this runner holds;
+//! maintenance runs the reaper, retention and runner pruning.
+//!
+//! Invariants:
+//! - a slot (semaphore permit) is held from claim until the outcome is queued for reporting,
+//!   so at most `concurrency` tasks run at once;
+//! - every task this runner claimed ends in exactly one report: a completion, a failure, or
+//!   (on shutdown past the grace period) a release that hands it back uncounted; no task is
+//!   left `running` after `run` returns, except when the database is unreachable, in which case
+//!   the lease expires and the reaper of another runner takes over.
+
+mod execute;
+mod maintenance;
+mod report;
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use sqlx::PgPool;
+use tokio::{
+    sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore},
+    task::AbortHandle,
+};
+use uuid::Uuid;
+
+use crate::{
+    config::WorkerConfig,
+    queue::{self, ClaimedTask, QueueError, TaskId, Wakeups},
+    sandbox::{ModuleCache, Sandbox, SandboxError},
+};
+
+pub use report::Report;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] SandboxError),
+    #[error("queue: {0}")]
+    Queue(#[from] QueueError),
+}
+
+/// What a runner did over its life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerSummary {
+    pub claimed: u64,
+    pub released: u64,
+}
+
+/// A runner: its identity, its database, its sandbox and settings.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    id: Uuid,
+    pool: PgPool,
+    sandbox: Sandbox,
+    modules: ModuleCache,
+    config: Arc<WorkerConfig>,
+}
+
+/// The tasks currently executing, so a shutdown can abort and hand back what is left.
+type InFlight = Arc<Mutex<HashMap<TaskId, (i32, AbortHandle)>>>;
+
+impl Worker {
+    pub fn new(pool: PgPool, config: WorkerConfig) -> Result<Self, WorkerError> {
+        config.validate()?;
+        let sandbox = Sandbox::new(config.sandbox.clone())?;
+        Ok(Self::with_sandbox(pool, sandbox, config))
+    }
+
+    /// A worker sharing an existing sandbox (the admin API validates uploads with the same
+    /// engine).
+    pub fn with_sandbox(pool: PgPool, sandbox: Sandbox, config: WorkerConfig) -> Self {
+        let modules = ModuleCache::new(sandbox.clone());
+        Worker { id: Uuid::new_v4(), pool, sandbox, modules, config: Arc::new(config) }
+    }
+
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+
+    /// Runs until `shutdown` resolves, then stops claiming, lets running tasks finish within
+    /// the grace period, hands the rest back, flushes reports and deregisters.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<WorkerSummary, WorkerError> {
+        let host = gethostname::gethostname().to_string_lossy().into_owned();
+        queue::register_runner(&self.pool, self.id, &host, std::process::id()).await?;
+        let wakeups = Wakeups::listen(&self.pool).await?;
+        tracing::info!(runner = %self.id, allocator = ?self.sandbox.allocator(), "runner started");
+
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (report_tx, report_rx) = mpsc::unbounded_channel();
+        let reporter = tokio::spawn(report::run(
+            self.pool.clone(),
+            self.id,
+            Arc::clone(&self.config),
+            report_rx,
+        ));
+        let heartbeat = tokio::spawn(maintenance::heartbeat(
+            self.pool.clone(),
+            self.id,
+            self.config.lease,
+            stop_rx.clone(),
+        ));
+        let upkeep = tokio::spawn(maintenance::run(
+            self.pool.clone(),
+            self.id,
+            Arc::clone(&self.config),
+            stop_rx.clone(),
+        ));
+
+        let slots = Arc::new(Semaphore::new(self.config.concurrency));
+        let in_flight: InFlight = Arc::default();
+        let mut summary = WorkerSummary::default();
+        tokio::pin!(shutdown);
+        loop {
+            // Wait for a free slot, or stop.
+            let first = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                permit = Arc::clone(&slots).acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let mut permits = vec![first];
+            let extra = slots.available_permits().min(self.config.batch_size - 1);
+            if extra > 0 {
+                if let Ok(more) = Arc::clone(&slots).try_acquire_many_owned(extra as u32) {
+                    permits.push(more);
+                }
+            }
+            let want = permits.iter().map(|p| p.num_permits()).sum::<usize>();
+            let claimed = match queue::claim_batch(
+                &self.pool,
+                self.id,
+                want,
+                &self.config.task_types,
+                self.config.lease,
+            )
+            .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claim failed; retrying after the poll interval");
+                    drop(permits);
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(self.config.poll_interval) => continue,
+                    }
+                }
+            };
+            summary.claimed += claimed.len() as u64;
+            metrics::counter!(crate::metrics::TASKS_CLAIMED).increment(claimed.len() as u64);
+            let empty = claimed.is_empty();
+            let mut slots_for_tasks = split_permits(permits, claimed.len());
+            for task in claimed {
+                let Some(permit) = slots_for_tasks.pop() else { break };
+                self.spawn_task(task, permit, &report_tx, &in_flight);
+            }
+            drop(slots_for_tasks);
+            if empty {
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    _ = wakeups.wait(self.config.poll_interval) => {}
+                }
+            }
+        }
+
+        tracing::info!(runner = %self.id, "stopping: no new claims, waiting for running tasks");
+        let all = u32::try_from(self.config.concurrency).unwrap_or(u32::MAX);
+        let drained = tokio::time::timeout(self.config.grace_period, slots.acquire_many(all)).await;
+        if drained.is_err() {
+            summary.released = self.hand_back(&in_flight).await;
+        }
+        drop(report_tx);
+        if let Err(e) = reporter.await {
+            tracing::error!(error = %e, "reporter task failed");
+        }
+        let _ = stop_tx.send(true);
+        let _ = tokio::join!(heartbeat, upkeep);
+        queue::deregister_runner(&self.pool, self.id).await?;
+        tracing::info!(runner = %self.id, claimed = summary.claimed, released = summary.released, "runner stopped");
+        Ok(summary)
+    }
+
+    fn spawn_task(
+        &self,
+        task: ClaimedTask,
+        permit: OwnedSemaphorePermit,
+        reports: &mpsc::UnboundedSender<Report>,
+        in_flight: &InFlight,
+    ) {
+        let (id, attempt) = (task.id, task.attempt);
+        let worker = self.clone();
+        let reports = reports.clone();
+        let registry = Arc::clone(in_flight);
+        // Hold the map's lock across spawn + insert so the task cannot remove its entry before
+        // it was added.
+        let mut map = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+        let handle = tokio::spawn(async move {
+            let report = execute::execute(&worker.pool, &worker.sandbox, &worker.modules, &worker.config, task).await;
+            registry.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+            // The reporter outlives every task (it stops only when all senders are gone).
+            let _ = reports.send(report);
+            drop(permit);
+        });
+        map.insert(id, (attempt, handle.abort_handle()));
+    }
+
+    /// Aborts whatever still runs after the grace period and hands it back to the queue.
+    async fn hand_back(&self, in_flight: &InFlight) -> u64 {
+        let stuck: Vec<(TaskId, i32)> = {
+            let mut map = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+            map.drain()
+                .map(|(id, (attempt, handle))| {
+                    handle.abort();
+                    (id, attempt)
+                })
+                .collect()
+        };
+        if stuck.is_empty() {
+            return 0;
+        }
+        match queue::release_batch(&self.pool, self.id, &stuck).await {
+            Ok(released) => {
+                tracing::warn!(count = released.len(), "grace period over: handed running tasks back");
+                released.len() as u64
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "could not hand tasks back; their leases will expire");
+                0
+            }
+        }
+    }
+}
+
+/// Splits a set of permits into one single-slot permit per task, returning the rest to the
+/// semaphore when dropped.
+fn split_permits(permits: Vec<OwnedSemaphorePermit>, tasks: usize) -> Vec<OwnedSemaphorePermit> {
+    let mut singles = Vec::with_capacity(tasks);
+    for mut p in permits {
+        while p.num_permits() > 1 && singles.len() < tasks {
+            if let Some(one) = p.split(1) {
+                singles.push(one);
+            }
+        }
+        if singles.len() < tasks {
+            singles.push(p);
+        }
+    }
+    singles
+}
+
+/// Resolves once SIGINT or SIGTERM arrives.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

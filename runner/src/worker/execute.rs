@@ -1,0 +1,146 @@
+//! Running one claimed task: resolve its module (compiled once per sha256), resolve its limits,
+//! run it in the sandbox under a tracing span, and produce the [`Report`] to write back.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tracing::{field::Empty, Instrument};
+
+use super::Report;
+use crate::{
+    config::WorkerConfig,
+    queue::{self, ClaimedTask, ModuleSettings, RetryPolicy},
+    sandbox::{Execution, LimitOverrides, Limits, ModuleCache, Outcome, Sandbox, TaskInput},
+};
+
+pub(super) async fn execute(
+    pool: &PgPool,
+    sandbox: &Sandbox,
+    modules: &ModuleCache,
+    config: &WorkerConfig,
+    task: ClaimedTask,
+) -> Report {
+    let span = tracing::info_span!(
+        "task",
+        id = task.id,
+        task_type = %task.task_type,
+        attempt = task.attempt,
+        outcome = Empty,
+        duration_ms = Empty,
+        fuel = Empty,
+    );
+    async move {
+        let retry = retry_policy(config.retry, task.module.as_ref().map(|m| &m.settings));
+        let (execution, sha256) = match &task.module {
+            None => (not_run(Outcome::ModuleMissing), None),
+            Some(module) => {
+                let load = || async {
+                    match queue::module_bytes(pool, &module.sha256).await {
+                        Ok(Some(bytes)) => Ok(bytes),
+                        Ok(None) => Err(format!("module {} vanished from the registry", module.sha256)),
+                        Err(e) => Err(e.to_string()),
+                    }
+                };
+                let execution = match modules.get_or_compile(&module.sha256, load).await {
+                    Ok(compiled) => {
+                        let limits = Limits::resolve(
+                            &config.sandbox.defaults,
+                            &overrides(&module.settings),
+                            &config.sandbox.maxima,
+                        );
+                        let input = TaskInput::new(
+                            task.id.to_string(),
+                            task.task_type.as_str(),
+                            u32::try_from(task.attempt).unwrap_or(0),
+                            u32::try_from(task.max_attempts).unwrap_or(0),
+                            &task.payload,
+                        );
+                        sandbox.run(&compiled, &input, &limits).await
+                    }
+                    Err(e) => not_run(Outcome::RunnerError(format!("module not loadable: {e}"))),
+                };
+                (execution, Some(module.sha256.clone()))
+            }
+        };
+        record(&task, &execution);
+        Report { task, execution, module_sha256: sha256, retry }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Limits from the module's registry settings (the sandbox caps them by the runner maxima).
+fn overrides(s: &ModuleSettings) -> LimitOverrides {
+    let positive = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).filter(|&v| v > 0);
+    LimitOverrides {
+        fuel: positive(s.fuel),
+        timeout: positive(s.timeout_ms).map(Duration::from_millis),
+        memory_bytes: positive(s.memory_bytes),
+        output_bytes: None,
+    }
+}
+
+/// The module's backoff settings over the runner default.
+fn retry_policy(default: RetryPolicy, settings: Option<&ModuleSettings>) -> RetryPolicy {
+    let ms = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).map(Duration::from_millis);
+    let Some(s) = settings else { return default };
+    let policy = RetryPolicy {
+        base: ms(s.backoff_base_ms).unwrap_or(default.base),
+        cap: ms(s.backoff_cap_ms).unwrap_or(default.cap),
+        jitter: default.jitter,
+    };
+    // The registry checks base <= cap for explicit pairs; a base above the default cap alone
+    // lifts the cap with it.
+    RetryPolicy { cap: policy.cap.max(policy.base), ..policy }
+}
+
+fn not_run(outcome: Outcome) -> Execution {
+    Execution {
+        outcome,
+        stderr: String::new(),
+        stderr_truncated: false,
+        duration: Duration::ZERO,
+        fuel_used: 0,
+    }
+}
+
+fn record(task: &ClaimedTask, execution: &Execution) {
+    let span = tracing::Span::current();
+    let kind = execution.outcome.kind();
+    span.record("outcome", kind);
+    span.record("duration_ms", execution.duration.as_secs_f64() * 1000.0);
+    span.record("fuel", execution.fuel_used);
+    metrics::counter!(crate::metrics::TASK_OUTCOMES, "kind" => kind).increment(1);
+    metrics::histogram!(crate::metrics::TASK_DURATION).record(execution.duration.as_secs_f64());
+    metrics::histogram!(crate::metrics::TASK_FUEL).record(execution.fuel_used as f64);
+    if execution.outcome.is_success() {
+        tracing::debug!("task succeeded");
+    } else {
+        let message = execution.failure_message().unwrap_or_default();
+        tracing::info!(attempt = task.attempt, error = %message, "task failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_backoff_overrides_the_default() {
+        let default = RetryPolicy::default();
+        let s = ModuleSettings { backoff_base_ms: Some(10), backoff_cap_ms: Some(100), ..Default::default() };
+        let p = retry_policy(default, Some(&s));
+        assert_eq!((p.base, p.cap), (Duration::from_millis(10), Duration::from_millis(100)));
+        assert_eq!(retry_policy(default, None), default);
+        let only_base = ModuleSettings { backoff_base_ms: Some(7_200_000), ..Default::default() };
+        let p = retry_policy(default, Some(&only_base));
+        assert_eq!(p.cap, p.base, "cap lifted to the base");
+    }
+
+    #[test]
+    fn nonsense_overrides_fall_back_to_defaults() {
+        let s = ModuleSettings { fuel: Some(-5), timeout_ms: Some(0), memory_bytes: Some(1 << 20), ..Default::default() };
+        let o = overrides(&s);
+        assert_eq!((o.fuel, o.timeout, o.memory_bytes), (None, None, Some(1 << 20)));
+    }
+}

@@ -1,0 +1,73 @@
+//! Background duties of every runner: heartbeats (leases + `runners` row), the reaper,
+//! retention and pruning of silent runner rows. Each stops when the stop flag turns true.
+//! All of it is safe to run on every runner at once (see `queue::maintenance`).
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use sqlx::PgPool;
+use tokio::{sync::watch, time::MissedTickBehavior};
+use uuid::Uuid;
+
+use crate::{config::WorkerConfig, queue};
+
+/// Most expired leases rescued per statement.
+const REAP_BATCH: usize = 1000;
+
+pub(super) async fn heartbeat(pool: PgPool, runner: Uuid, lease: Duration, stop: watch::Receiver<bool>) {
+    every(lease / 3, stop, || async {
+        if let Err(e) = queue::heartbeat_leases(&pool, runner, lease).await {
+            tracing::warn!(error = %e, "heartbeat failed");
+        }
+    })
+    .await;
+}
+
+pub(super) async fn run(pool: PgPool, runner: Uuid, config: Arc<WorkerConfig>, stop: watch::Receiver<bool>) {
+    let m = &config.maintenance;
+    let reaper = every(m.reaper_interval, stop.clone(), || async {
+        // Rescued tasks back off with the runner's default policy.
+        let policy = config.retry;
+        match queue::reap_expired(&pool, runner, REAP_BATCH, |_| policy).await {
+            Ok(r) if !(r.retrying.is_empty() && r.dead.is_empty()) => tracing::warn!(
+                retrying = r.retrying.len(),
+                dead = r.dead.len(),
+                "rescued tasks whose runner stopped heartbeating"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "reaper failed"),
+        }
+    });
+    let retention = every(m.retention_interval, stop, || async {
+        loop {
+            match queue::delete_finished(&pool, m.retention_ttl, m.retention_batch).await {
+                Ok(n) if n as usize >= m.retention_batch => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "retention failed");
+                    break;
+                }
+            }
+        }
+        if let Err(e) = queue::prune_runners(&pool, m.runner_expiry).await {
+            tracing::warn!(error = %e, "pruning runners failed");
+        }
+    });
+    tokio::join!(reaper, retention);
+}
+
+/// Calls `tick` every `period` until `stop` turns true.
+async fn every<F, Fut>(period: Duration, mut stop: watch::Receiver<bool>, mut tick: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => tick().await,
+            // The flag only ever turns true (or its sender goes away): any change means stop.
+            _ = stop.changed() => return,
+        }
+    }
+}

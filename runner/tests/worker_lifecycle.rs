@@ -1,0 +1,100 @@
+//! A runner's life around its tasks: runaway guests cannot starve a healthy task, a runner
+//! killed mid-task has its work finished by another, and a graceful stop hands back what it
+//! could not finish.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use sqlx::PgPool;
+use sweep::{
+    config::MaintenanceConfig,
+    queue::{self, ModuleSettings, NewTask, TaskState},
+};
+
+fn running(t: &queue::TaskView) -> bool {
+    t.state == TaskState::Running
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn runaway_guests_do_not_starve_a_healthy_task(pool: PgPool) {
+    // Limits far beyond the test's life: only the runner's fairness lets the healthy task in.
+    let long = ModuleSettings { fuel: Some(200_000_000_000), timeout_ms: Some(120_000), ..Default::default() };
+    register(&pool, "spin", "spinloop", long).await;
+    register(&pool, "nap", "sleep", long).await;
+    register(&pool, "wordcount", "wordcount", ModuleSettings::default()).await;
+    let config = sweep::config::WorkerConfig { concurrency: 3, grace_period: Duration::from_millis(100), ..test_config() };
+    let runner = start_worker(&pool, config);
+
+    let spin = queue::enqueue(&pool, NewTask::new("spin", json!({}))).await.unwrap().id;
+    let nap = queue::enqueue(&pool, NewTask::new("nap", json!({}))).await.unwrap().id;
+    wait_for(&pool, spin, "running", running).await;
+    wait_for(&pool, nap, "running", running).await;
+
+    let healthy = queue::enqueue(&pool, NewTask::new("wordcount", json!({"text": "still here"}))).await.unwrap().id;
+    let t = wait_settled(&pool, healthy).await;
+    assert_eq!(t.state, TaskState::Succeeded);
+    assert_eq!(state(&pool, spin).await, TaskState::Running, "the spinner still holds its slot");
+    assert_eq!(state(&pool, nap).await, TaskState::Running, "the sleeper still holds its slot");
+
+    // Past the grace period both are handed back, uncounted.
+    let summary = runner.stop().await;
+    assert_eq!(summary.released, 2);
+    for id in [spin, nap] {
+        let t = show(&pool, id).await;
+        assert_eq!((t.state, t.attempts), (TaskState::Pending, 0));
+    }
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn a_runner_killed_mid_task_has_its_task_finished_by_another(pool: PgPool) {
+    register(&pool, "nap", "sleep", ModuleSettings { timeout_ms: Some(120_000), ..Default::default() }).await;
+    let id = queue::enqueue(&pool, NewTask::new("nap", json!({"wake_on_attempt": 2}))).await.unwrap().id;
+
+    // A real `sweep run` process takes the task and hangs in it.
+    let db: String = sqlx::query_scalar("select current_database()").fetch_one(&pool).await.unwrap();
+    let server = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let url = format!("{}/{db}", &server[..server.rfind('/').expect("a database url")]);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sweep"))
+        .args(["run", "--database-url", &url, "--lease-secs", "3", "--poll-ms", "50", "--concurrency", "2"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn sweep run");
+    let t = wait_for(&pool, id, "running", running).await;
+    assert_eq!(t.attempts, 1);
+
+    child.kill().await.expect("SIGKILL"); // no chance to hand anything back
+    child.wait().await.expect("reaped");
+    assert_eq!(state(&pool, id).await, TaskState::Running, "the dead runner's lease is still there");
+
+    let config = sweep::config::WorkerConfig {
+        maintenance: MaintenanceConfig { reaper_interval: Duration::from_millis(100), ..MaintenanceConfig::default() },
+        ..test_config()
+    };
+    let rescuer = start_worker(&pool, config);
+    let t = wait_settled(&pool, id).await;
+    assert_eq!((t.state, t.attempts), (TaskState::Succeeded, 2), "{t:#?}");
+    assert_eq!(error_kinds(&t), vec!["lease_expired"]);
+    assert_eq!(t.result, Some(json!({"woke_on_attempt": 2})));
+    rescuer.stop().await;
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn stopping_lets_short_tasks_finish_and_leaves_nothing_running(pool: PgPool) {
+    register(&pool, "noop", "noop", ModuleSettings::default()).await;
+    let ids = enqueue_n(&pool, "noop", 40).await;
+    let runner = start_worker(&pool, test_config());
+    assert_eq!(wait_settled(&pool, ids[0]).await.state, TaskState::Succeeded);
+    let summary = runner.stop().await;
+    assert_eq!(summary.released, 0, "short tasks finish within the grace period");
+    let running: i64 = sqlx::query_scalar("select count(*) from tasks where state = 'running'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(running, 0);
+    assert!(queue::list_runners(&pool).await.unwrap().is_empty(), "the runner deregistered");
+}

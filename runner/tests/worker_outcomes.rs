@@ -1,0 +1,119 @@
+//! End to end through a real runner and real Wasm from `modules/`: results are stored, every
+//! misbehaving fixture lands on its exact outcome kind and retry or dead-letter path, and a
+//! new module version applies without a restart.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use sqlx::PgPool;
+use sweep::queue::{self, ModuleSettings, NewTask, TaskState};
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn handler_output_is_stored_as_the_result(pool: PgPool) {
+    let sha = register(&pool, "wordcount", "wordcount", ModuleSettings::default()).await;
+    let runner = start_worker(&pool, test_config());
+    let id = queue::enqueue(&pool, NewTask::new("wordcount", json!({"text": "a b a", "top": 1})))
+        .await
+        .unwrap()
+        .id;
+    let t = wait_settled(&pool, id).await;
+    assert_eq!(t.state, TaskState::Succeeded, "{t:#?}");
+    assert_eq!(t.result, Some(json!({"words": 3, "lines": 1, "chars": 5, "top": [["a", 2]]})));
+    assert_eq!(t.module_sha256, Some(sha), "the task records which module ran it");
+    runner.stop().await;
+}
+
+/// (task type, module, settings, payload, expected kind of every attempt, max_attempts)
+fn misbehaving() -> Vec<(&'static str, &'static str, ModuleSettings, serde_json::Value, &'static str, i32)> {
+    let s = ModuleSettings::default;
+    vec![
+        ("oof", "spinloop", ModuleSettings { fuel: Some(1_000_000), ..s() }, json!({}), "out_of_fuel", 2),
+        (
+            "spin-timeout",
+            "spinloop",
+            ModuleSettings { fuel: Some(100_000_000_000), timeout_ms: Some(400), ..s() },
+            json!({}),
+            "timeout",
+            1,
+        ),
+        ("sleeper", "sleep", ModuleSettings { timeout_ms: Some(400), ..s() }, json!({}), "timeout", 1),
+        ("hog", "grow", ModuleSettings { memory_bytes: Some(16 << 20), ..s() }, json!({}), "memory_limit", 1),
+        ("deep", "recurse", s(), json!({}), "stack_overflow", 1),
+        ("chatty", "flood", s(), json!({}), "output_too_large", 1),
+        ("crash", "panic", s(), json!({}), "trap", 2),
+    ]
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn every_misbehaving_fixture_lands_on_its_outcome_and_dies(pool: PgPool) {
+    let mut ids = Vec::new();
+    for (task_type, module, settings, payload, kind, max_attempts) in misbehaving() {
+        register(&pool, task_type, module, settings).await;
+        let task = NewTask::new(task_type, payload).max_attempts(max_attempts);
+        ids.push((queue::enqueue(&pool, task).await.unwrap().id, task_type, kind, max_attempts));
+    }
+    let runner = start_worker(&pool, test_config());
+    for (id, task_type, kind, max_attempts) in ids {
+        let t = wait_settled(&pool, id).await;
+        assert_eq!(t.state, TaskState::Dead, "{task_type}: {t:#?}");
+        assert_eq!(error_kinds(&t), vec![kind; max_attempts as usize], "{task_type}: {t:#?}");
+        let entry = &t.errors[0];
+        assert!(entry["duration_ms"].is_u64() && entry["fuel_used"].is_u64(), "{entry}");
+        let dead = queue::list_dead(&pool, None, Some(task_type), None, 10).await.unwrap();
+        assert_eq!(dead[0].reason, kind);
+    }
+    runner.stop().await;
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn permanent_failure_dies_at_once_and_flaky_succeeds_after_retries(pool: PgPool) {
+    register(&pool, "permanent", "permanent", ModuleSettings::default()).await;
+    register(&pool, "flaky", "flaky", ModuleSettings::default()).await;
+    let permanent = queue::enqueue(&pool, NewTask::new("permanent", json!({}))).await.unwrap().id;
+    let flaky = queue::enqueue(&pool, NewTask::new("flaky", json!({"fail_times": 2}))).await.unwrap().id;
+    let runner = start_worker(&pool, test_config());
+
+    let t = wait_settled(&pool, permanent).await;
+    assert_eq!((t.state, t.attempts), (TaskState::Dead, 1), "max_attempts is 5, but permanent means no retry");
+    assert_eq!(error_kinds(&t), vec!["handler_error"]);
+    assert_eq!(t.errors[0]["exit_code"], 100);
+    assert!(t.last_error.as_deref().unwrap_or("").contains("permanent"), "{t:#?}");
+
+    let t = wait_settled(&pool, flaky).await;
+    assert_eq!((t.state, t.attempts), (TaskState::Succeeded, 3));
+    assert_eq!(error_kinds(&t), vec!["handler_error", "handler_error"]);
+    assert_eq!(t.result, Some(json!({"attempt": 3})));
+    runner.stop().await;
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn a_task_type_without_a_module_fails_as_module_missing(pool: PgPool) {
+    let runner = start_worker(&pool, test_config());
+    let id = queue::enqueue(&pool, NewTask::new("ghost", json!({})).max_attempts(2)).await.unwrap().id;
+    let t = wait_settled(&pool, id).await;
+    assert_eq!(t.state, TaskState::Dead);
+    assert_eq!(error_kinds(&t), vec!["module_missing", "module_missing"]);
+    runner.stop().await;
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn a_new_module_version_applies_without_restarting_the_runner(pool: PgPool) {
+    let v1 = register(&pool, "job", "noop", ModuleSettings::default()).await;
+    let runner = start_worker(&pool, test_config());
+    let first = queue::enqueue(&pool, NewTask::new("job", json!({"text": "x y"}))).await.unwrap().id;
+    let t = wait_settled(&pool, first).await;
+    assert_eq!((t.result, t.module_sha256), (Some(json!({})), Some(v1)));
+
+    let v2 = register(&pool, "job", "wordcount", ModuleSettings::default()).await;
+    let second = queue::enqueue(&pool, NewTask::new("job", json!({"text": "x y"}))).await.unwrap().id;
+    let t = wait_settled(&pool, second).await;
+    assert_eq!(t.result.as_ref().map(|r| r["words"].clone()), Some(json!(2)), "{t:#?}");
+    assert_eq!(t.module_sha256, Some(v2));
+
+    // Rolling back to version 1 applies just as fast.
+    queue::activate_version(&pool, "default", "job", 1).await.unwrap();
+    let third = queue::enqueue(&pool, NewTask::new("job", json!({}))).await.unwrap().id;
+    assert_eq!(wait_settled(&pool, third).await.result, Some(json!({})));
+    runner.stop().await;
+}
