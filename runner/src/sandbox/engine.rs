@@ -17,7 +17,10 @@ use std::fmt;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use wasmtime::{Config, Engine, EngineWeak, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{
+    Config, Engine, EngineWeak, InstanceAllocationStrategy, PoolingAllocationConfig,
+    WasmBacktraceDetails,
+};
 
 use super::config::SandboxConfig;
 use super::SandboxError;
@@ -72,7 +75,9 @@ fn base_config() -> Config {
         // Wasm threads are compiled out (no `threads` crate feature); keep shared memories off.
         .shared_memory(false)
         .wasm_memory64(false)
-        .wasm_multi_memory(false);
+        .wasm_multi_memory(false)
+        // Explicit, so the engine doesn't depend on WASMTIME_BACKTRACE_DETAILS in the env.
+        .wasm_backtrace_details(WasmBacktraceDetails::Disable);
     c
 }
 
