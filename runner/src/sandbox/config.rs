@@ -6,7 +6,8 @@
 //!
 //! Invariants:
 //! - a validated config has `defaults <= maxima` field by field, every limit non-zero, and a
-//!   memory maximum that fits a 32-bit linear memory (the pooling allocator is sized from it);
+//!   memory maximum that fits a 32-bit linear memory (the pooling allocator is sized from it)
+//!   and a timeout maximum of at most 24 h (deadline arithmetic can never overflow);
 //! - [`Limits::resolve`] never returns a value above `maxima`, whatever the override says, so a
 //!   module registration can tighten limits but never loosen them past the runner's caps.
 //!
@@ -42,6 +43,8 @@ const WASM32_MEMORY_LIMIT: u64 = 4 * 1024 * 1024 * 1024;
 const MIN_EPOCH_TICK: Duration = Duration::from_millis(1);
 const MAX_EPOCH_TICK: Duration = Duration::from_secs(1);
 const MAX_CONCURRENCY_LIMIT: u32 = 10_000;
+/// Longest timeout a runner may allow at all (keeps deadline arithmetic far from overflow).
+const TIMEOUT_LIMIT: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Why a [`SandboxConfig`] or [`LimitOverrides`] was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -225,6 +228,13 @@ impl SandboxConfig {
         }
         self.defaults.check_nonzero()?;
         self.maxima.check_nonzero()?;
+        if self.maxima.timeout > TIMEOUT_LIMIT {
+            return Err(ConfigError::OutOfRange {
+                field: "maxima.timeout",
+                value: format!("{:?}", self.maxima.timeout),
+                range: "1ns..=24h",
+            });
+        }
         if self.maxima.memory_bytes > WASM32_MEMORY_LIMIT {
             return Err(ConfigError::OutOfRange {
                 field: "maxima.memory_bytes",
@@ -334,6 +344,11 @@ mod tests {
             ..SandboxConfig::default()
         };
         assert!(huge_memory.validate().is_err());
+        let forever = SandboxConfig {
+            maxima: Limits { timeout: Duration::MAX, ..Limits::MAXIMA },
+            ..SandboxConfig::default()
+        };
+        assert!(forever.validate().is_err());
     }
 
     #[test]

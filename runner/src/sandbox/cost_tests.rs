@@ -76,7 +76,7 @@ async fn phases(
         let state = StoreState {
             wasi,
             limiter: TaskLimiter { memory_bytes: 1 << 26, memory_denied: false },
-            deadline: t0 + limits.timeout,
+            deadline: t0.checked_add(limits.timeout),
             deadline_hit: false,
         };
         let mut store = Store::new(sandbox.engine(), state);

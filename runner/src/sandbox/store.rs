@@ -132,7 +132,9 @@ impl ResourceLimiter for TaskLimiter {
 pub(crate) struct StoreState {
     pub wasi: WasiP1Ctx,
     pub limiter: TaskLimiter,
-    pub deadline: Instant,
+    /// `None` only if `started + timeout` overflows `Instant` (then only the tokio timeout,
+    /// which saturates, applies).
+    pub deadline: Option<Instant>,
     pub deadline_hit: bool,
 }
 
@@ -174,7 +176,7 @@ pub(crate) fn new_store(
             memory_bytes: usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX),
             memory_denied: false,
         },
-        deadline: started + limits.timeout,
+        deadline: started.checked_add(limits.timeout),
         deadline_hit: false,
     };
     let mut store = Store::new(engine, state);
@@ -183,7 +185,7 @@ pub(crate) fn new_store(
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(|mut ctx| {
         let state = ctx.data_mut();
-        if Instant::now() >= state.deadline {
+        if state.deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             state.deadline_hit = true;
             return Err(wasmtime::Error::new(DeadlineExceeded));
         }
