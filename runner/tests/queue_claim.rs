@@ -88,6 +88,7 @@ async fn eight_concurrent_claimers_drain_ten_thousand_tasks_exactly_once(pool: P
                         attempt: c.attempt,
                         result: serde_json::json!({"by": k}),
                         module_sha256: None,
+                        logs: None,
                     })
                     .collect();
                 let lost = queue::complete_batch(&pool, runner, &done).await.unwrap();

@@ -21,6 +21,7 @@ async fn handler_output_is_stored_as_the_result(pool: PgPool) {
     assert_eq!(t.state, TaskState::Succeeded, "{t:#?}");
     assert_eq!(t.result, Some(json!({"words": 3, "lines": 1, "chars": 5, "top": [["a", 2]]})));
     assert_eq!(t.module_sha256, Some(sha), "the task records which module ran it");
+    assert_eq!(t.logs.as_deref().map(str::trim), Some("counted 3 words in 1 lines"), "stderr is kept");
     runner.stop().await;
 }
 

@@ -37,7 +37,9 @@ struct Output {
 }
 
 fn handle(input: Input) -> Result<Output, Error> {
-    Ok(count(&input.text, input.top))
+    let output = count(&input.text, input.top);
+    sweep_guest::log!("counted {} words in {} lines", output.words, output.lines);
+    Ok(output)
 }
 
 fn count(text: &str, top: usize) -> Output {

@@ -138,8 +138,14 @@ pub async fn heartbeat_leases<'c, E: PgExecutor<'c>>(
             update runners set last_heartbeat_at = now() where id = $1
         ),
         extended as (
+            -- Rows locked right now are being completed or failed by this runner's reporter:
+            -- skip them rather than wait (and never deadlock with a batch update).
             update tasks set lease_expires_at = now() + $2 * interval '1 millisecond'
-            where state = 'running' and lease_owner = $1
+            where id in (
+                select id from tasks
+                where state = 'running' and lease_owner = $1
+                for update skip locked
+            )
             returning id
         )
         select count(*) from extended

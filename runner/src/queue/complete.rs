@@ -22,6 +22,8 @@ pub struct Completion {
     pub attempt: i32,
     pub result: Value,
     pub module_sha256: Option<String>,
+    /// The handler's stderr tail, if it wrote any.
+    pub logs: Option<String>,
 }
 
 /// A failed attempt. Build the retry delay with [`super::RetryPolicy`]; the queue decides
@@ -55,21 +57,28 @@ pub async fn complete_batch<'c, E: PgExecutor<'c>>(
     runner: Uuid,
     completions: &[Completion],
 ) -> Result<Vec<TaskId>, QueueError> {
+    // Rows are locked in id order by every batch statement, so two batches never deadlock.
+    let mut sorted: Vec<&Completion> = completions.iter().collect();
+    sorted.sort_unstable_by_key(|c| c.id);
+    let completions = sorted;
     let ids: Vec<TaskId> = completions.iter().map(|c| c.id).collect();
     let attempts: Vec<i32> = completions.iter().map(|c| c.attempt).collect();
     let results: Vec<&Value> = completions.iter().map(|c| &c.result).collect();
     let shas: Vec<Option<&str>> = completions.iter().map(|c| c.module_sha256.as_deref()).collect();
+    let logs: Vec<Option<&str>> = completions.iter().map(|c| c.logs.as_deref()).collect();
     let applied: Vec<(TaskId,)> = sqlx::query_as(
         r#"
         update tasks t
         set state = 'succeeded',
             result = c.result,
             module_sha256 = coalesce(c.sha, t.module_sha256),
+            logs = c.logs,
             lease_owner = null,
             lease_expires_at = null,
             finished_at = now(),
             updated_at = now()
-        from unnest($2::int8[], $3::int4[], $4::jsonb[], $5::text[]) as c(id, attempt, result, sha)
+        from unnest($2::int8[], $3::int4[], $4::jsonb[], $5::text[], $6::text[])
+             as c(id, attempt, result, sha, logs)
         where t.id = c.id and t.state = 'running' and t.lease_owner = $1
           and t.attempts = c.attempt
         returning t.id
@@ -80,6 +89,7 @@ pub async fn complete_batch<'c, E: PgExecutor<'c>>(
     .bind(&attempts)
     .bind(&results)
     .bind(&shas)
+    .bind(&logs)
     .fetch_all(executor)
     .await?;
     Ok(lost(&ids, applied.into_iter().map(|(id,)| id)))
@@ -93,6 +103,9 @@ pub async fn fail_batch<'c, E: PgExecutor<'c>>(
     runner: Uuid,
     failures: &[Failure],
 ) -> Result<FailureReport, QueueError> {
+    let mut sorted: Vec<&Failure> = failures.iter().collect();
+    sorted.sort_unstable_by_key(|f| f.id);
+    let failures = sorted;
     let ids: Vec<TaskId> = failures.iter().map(|f| f.id).collect();
     let attempts: Vec<i32> = failures.iter().map(|f| f.attempt).collect();
     let kinds: Vec<&str> = failures.iter().map(|f| f.kind.as_str()).collect();

@@ -100,6 +100,8 @@ pub struct TaskView {
     pub created_at: DateTime<Utc>,
     /// When the last attempt started.
     pub started_at: Option<DateTime<Utc>>,
+    /// The stderr tail of the successful attempt (failed attempts keep theirs in `errors`).
+    pub logs: Option<String>,
     pub finished_at: Option<DateTime<Utc>>,
 }
 
@@ -112,12 +114,12 @@ pub async fn get_task<'c, E: PgExecutor<'c>>(
         r#"
         select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
                dedup_key, last_error, errors, result, module_sha256, created_at, started_at,
-               finished_at
+               logs, finished_at
         from tasks where id = $1 and ($2::text is null or tenant = $2)
         union all
         select id, tenant, task_type, 'dead' as state, payload, priority, attempts, max_attempts, null as run_at,
                dedup_key, last_error, errors, null as result, module_sha256, created_at,
-               started_at, died_at as finished_at
+               started_at, null as logs, died_at as finished_at
         from dead_tasks where id = $1 and ($2::text is null or tenant = $2)
         "#,
     )

@@ -44,6 +44,9 @@ where
     }
     let mut conn = conn.acquire().await?;
     let columns = Columns::from(tasks);
+    if columns.dedup_keys.iter().all(Option::is_none) {
+        return insert_plain(&mut conn, &columns).await;
+    }
     let rows = insert(&mut conn, &columns).await?;
 
     let mut out: Vec<Option<Enqueued>> = rows;
@@ -108,6 +111,64 @@ impl From<&[NewTask]> for Columns {
         }
         c
     }
+}
+
+/// The bulk path, for batches without dedup keys: nothing can conflict, so a plain INSERT.
+/// Ids are drawn in input order before any join can reorder rows, so the returned ids, sorted,
+/// are the input order.
+async fn insert_plain(
+    conn: &mut sqlx::PgConnection,
+    c: &Columns,
+) -> Result<Vec<Enqueued>, QueueError> {
+    let mut ids: Vec<TaskId> = sqlx::query_scalar(
+        r#"
+        with input as (
+            select nextval(pg_get_serial_sequence('tasks', 'id')) as id, i.*
+            from unnest($1::text[], $2::text[], $3::jsonb[], $4::int4[], $5::timestamptz[],
+                        $6::int8[], $7::int4[])
+                 as i(tenant, task_type, payload, priority, run_at, delay_ms, max_attempts)
+        ),
+        module_defaults as (
+            select a.tenant, a.task_type, m.max_attempts
+            from active_modules a
+            join modules m using (tenant, task_type, version)
+            where m.max_attempts is not null
+        ),
+        inserted as (
+            insert into tasks (id, tenant, task_type, payload, priority, run_at, max_attempts)
+            select input.id, input.tenant, input.task_type, input.payload, input.priority,
+                   coalesce(input.run_at, now() + input.delay_ms * interval '1 millisecond'),
+                   coalesce(input.max_attempts, d.max_attempts, $8)
+            from input
+            left join module_defaults d
+                   on d.tenant = input.tenant and d.task_type = input.task_type
+            returning id
+        ),
+        woken as (
+            select count(*) from (select pg_notify('sweep_tasks', '') from inserted limit 1) n
+        )
+        select id from inserted cross join woken
+        "#,
+    )
+    .bind(&c.tenants)
+    .bind(&c.task_types)
+    .bind(&c.payloads)
+    .bind(&c.priorities)
+    .bind(&c.run_ats)
+    .bind(&c.delays_ms)
+    .bind(&c.max_attempts)
+    .bind(DEFAULT_MAX_ATTEMPTS)
+    .fetch_all(conn)
+    .await?;
+    if ids.len() != c.tenants.len() {
+        return Err(QueueError::Corrupt(format!(
+            "inserted {} of {} tasks",
+            ids.len(),
+            c.tenants.len()
+        )));
+    }
+    ids.sort_unstable();
+    Ok(ids.into_iter().map(|id| Enqueued { id, created: true }).collect())
 }
 
 async fn insert(

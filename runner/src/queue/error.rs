@@ -45,7 +45,8 @@ pub enum QueueError {
     NotCancellable { id: i64, state: TaskState },
     #[error("task {id} cannot be requeued: another live task holds its dedup_key")]
     DedupKeyTaken { id: i64 },
-    #[error("database error")]
+    /// Shown to API clients as "internal error"; logged in full.
+    #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
     #[error("database returned an unexpected value: {0}")]
     Corrupt(String),

@@ -73,6 +73,7 @@ fn completion(r: &Report) -> Completion {
         attempt: r.task.attempt,
         result,
         module_sha256: r.module_sha256.clone(),
+        logs: (!r.execution.stderr.is_empty()).then(|| r.execution.stderr.clone()),
     }
 }
 
