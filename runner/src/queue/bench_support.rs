@@ -7,7 +7,11 @@ use super::QueueError;
 
 /// Inserts `n` already-succeeded tasks of `task_type`, as months of retained history would
 /// leave them, then refreshes the planner's statistics.
-pub async fn fill_finished(pool: &sqlx::PgPool, task_type: &str, n: usize) -> Result<(), QueueError> {
+pub async fn fill_finished(
+    pool: &sqlx::PgPool,
+    task_type: &str,
+    n: usize,
+) -> Result<(), QueueError> {
     sqlx::query(
         r#"
         insert into tasks (task_type, payload, state, attempts, result, finished_at)
@@ -16,7 +20,7 @@ pub async fn fill_finished(pool: &sqlx::PgPool, task_type: &str, n: usize) -> Re
         "#,
     )
     .bind(task_type)
-    .bind(i64::try_from(n).unwrap_or(i64::MAX))
+    .bind(super::sql_count(n))
     .execute(pool)
     .await?;
     sqlx::query(r#"vacuum analyze tasks"#).execute(pool).await?;

@@ -20,7 +20,8 @@ fn millis(d: Duration) -> i64 {
 /// Claims up to `limit` due tasks for `runner` in one statement (`FOR UPDATE SKIP LOCKED`, so
 /// concurrent claimers never wait on each other or take the same task). `task_types` empty
 /// means any type. Each claimed task is `running` at attempt `attempts + 1`, leased for
-/// `lease`.
+/// `lease`. A tenant with a running cap never has more than that many tasks running across
+/// all runners (run this in READ COMMITTED, the default, for the cap to see other claims).
 pub async fn claim_batch<'c, E: PgExecutor<'c>>(
     executor: E,
     runner: Uuid,
@@ -30,16 +31,44 @@ pub async fn claim_batch<'c, E: PgExecutor<'c>>(
 ) -> Result<Vec<ClaimedTask>, QueueError> {
     // The active module of each task's type is resolved in the same statement, so a newly
     // activated version applies to every task claimed after the activation committed.
+    //
+    // Tenant running caps (`tenants.max_running`): `caps` asks, for each capped tenant only,
+    // how many more of its tasks may start (taking that tenant's claim lock, or answering 0
+    // when another runner holds it, see `sweep_tenant_free_slots` in
+    // migrations/0003_tenants.sql); tenants with no free slot are skipped by the scan, and
+    // `allowed` trims each capped tenant's picks to its free slots (the trimmed rows stay
+    // unclaimed). With no capped tenant, `caps` is empty, the scan's anti-join is against
+    // nothing and `allowed` passes `picked` through without the window.
     let rows: Vec<ClaimRow> = sqlx::query_as(
         r#"
-        with picked as (
-            select id from tasks
+        with caps as materialized (
+            select name, sweep_tenant_free_slots(name, max_running) as free
+            from tenants
+            where max_running is not null
+        ),
+        picked as (
+            select id, tenant, priority, run_at from tasks
             where state in ('pending', 'retrying')
               and run_at <= now()
               and (cardinality($3::text[]) = 0 or task_type = any($3::text[]))
+              and not exists (select 1 from caps c where c.free = 0 and c.name = tasks.tenant)
             order by priority desc, run_at, id
             limit $2
             for update skip locked
+        ),
+        allowed as (
+            -- exactly one branch runs: both conditions are evaluated once, up front
+            select id from picked where not exists (select 1 from caps)
+            union all
+            select id from (
+                select p.id, c.free,
+                       row_number() over (partition by p.tenant
+                                          order by p.priority desc, p.run_at, p.id) as n
+                from picked p
+                left join caps c on c.name = p.tenant
+                where exists (select 1 from caps)
+            ) w
+            where w.free is null or w.n <= w.free
         ),
         claimed as (
             update tasks t
@@ -49,8 +78,8 @@ pub async fn claim_batch<'c, E: PgExecutor<'c>>(
                 lease_expires_at = now() + $4 * interval '1 millisecond',
                 started_at = now(),
                 updated_at = now()
-            from picked
-            where t.id = picked.id
+            from allowed
+            where t.id = allowed.id
             returning t.id, t.tenant, t.task_type, t.payload, t.attempts, t.max_attempts,
                       t.run_at, t.created_at
         )

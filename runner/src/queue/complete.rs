@@ -10,7 +10,7 @@ use serde_json::Value;
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
-use super::{QueueError, TaskId};
+use super::{sql_millis, QueueError, TaskId};
 
 /// Longest error message kept per history entry.
 pub const MAX_ERROR_MESSAGE: usize = 4096;
@@ -112,10 +112,7 @@ pub async fn fail_batch<'c, E: PgExecutor<'c>>(
     let messages: Vec<&str> =
         failures.iter().map(|f| truncate(&f.message, MAX_ERROR_MESSAGE)).collect();
     let permanent: Vec<bool> = failures.iter().map(|f| f.permanent).collect();
-    let delays: Vec<i64> = failures
-        .iter()
-        .map(|f| i64::try_from(f.retry_delay.as_millis()).unwrap_or(i64::MAX))
-        .collect();
+    let delays: Vec<i64> = failures.iter().map(|f| sql_millis(f.retry_delay)).collect();
     let details: Vec<Value> = failures
         .iter()
         .map(|f| {

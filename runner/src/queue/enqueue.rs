@@ -10,7 +10,9 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::{Acquire, Postgres};
 
-use super::{types::Schedule, InvalidTask, NewTask, QueueError, TaskId, DEFAULT_MAX_ATTEMPTS};
+use super::{
+    sql_millis, types::Schedule, InvalidTask, NewTask, QueueError, TaskId, DEFAULT_MAX_ATTEMPTS,
+};
 
 /// The most tasks one `enqueue_many` call takes (a few MB of parameters at most).
 pub const MAX_BATCH: usize = 100_000;
@@ -105,7 +107,7 @@ impl From<&[NewTask]> for Columns {
             c.payloads.push(t.payload.clone());
             c.priorities.push(t.priority);
             c.run_ats.push(run_at);
-            c.delays_ms.push(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+            c.delays_ms.push(sql_millis(delay));
             c.max_attempts.push(t.max_attempts);
             c.dedup_keys.push(t.dedup_key.clone());
         }

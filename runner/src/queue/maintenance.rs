@@ -11,11 +11,9 @@ use std::time::Duration;
 use sqlx::{Acquire, PgExecutor, Postgres};
 use uuid::Uuid;
 
-use super::{fail_batch, Failure, FailureReport, QueueError, RetryPolicy, TaskId};
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
+use super::{
+    fail_batch, sql_count, sql_millis, Failure, FailureReport, QueueError, RetryPolicy, TaskId,
+};
 
 /// A running task whose lease expired, now taken over by the reaper.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,7 +96,7 @@ async fn take_over_expired<'c, E: PgExecutor<'c>>(
         "#,
     )
     .bind(reaper)
-    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .bind(sql_count(limit))
     .fetch_all(executor)
     .await?;
     Ok(rows
@@ -132,8 +130,8 @@ pub async fn delete_finished<'c, E: PgExecutor<'c>>(
         delete from tasks t using doomed where t.id = doomed.id
         "#,
     )
-    .bind(millis(older_than))
-    .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+    .bind(sql_millis(older_than))
+    .bind(sql_count(batch))
     .execute(executor)
     .await?;
     Ok(done.rows_affected())
@@ -147,7 +145,7 @@ pub async fn prune_runners<'c, E: PgExecutor<'c>>(
     let done = sqlx::query(
         r#"delete from runners where last_heartbeat_at < now() - $1 * interval '1 millisecond'"#,
     )
-    .bind(millis(silent_for))
+    .bind(sql_millis(silent_for))
     .execute(executor)
     .await?;
     Ok(done.rows_affected())

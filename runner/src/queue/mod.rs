@@ -52,3 +52,13 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 /// States from which a task can still run: `dedup_key` is unique among these.
 pub const LIVE_STATES: [TaskState; 3] =
     [TaskState::Pending, TaskState::Running, TaskState::Retrying];
+
+/// A duration as whole milliseconds for SQL (`$n * interval '1 millisecond'`), saturating.
+pub(crate) fn sql_millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A count or limit for SQL, saturating.
+pub(crate) fn sql_count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
