@@ -24,6 +24,7 @@ mod notify;
 mod retry;
 mod runners;
 mod stats;
+mod tenants;
 mod types;
 
 pub use claim::{claim_batch, heartbeat_leases, release_batch};
@@ -41,6 +42,10 @@ pub use notify::{Wakeups, NOTIFY_CHANNEL};
 pub use retry::{RetryPolicy, RetryPolicyError};
 pub use runners::{deregister_runner, list_runners, register_runner, RunnerInfo};
 pub use stats::{queue_stats, TypeStats};
+pub use tenants::{
+    create_tenant, get_tenant, list_tenants, missing_modules, set_tenant_caps, tenant_by_token,
+    Tenant, TenantCaps, TenantError,
+};
 pub use types::{
     validate_task_type, validate_tenant, ActiveModule, ClaimedTask, NewTask, Schedule, TaskId,
     TaskState, DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT,

@@ -1,0 +1,229 @@
+//! Tenants: who may call the admin API, with which token, under which caps; and the check
+//! that a tenant has a module for the task types it enqueues.
+//!
+//! Invariants:
+//! - only the SHA-256 (hex) of a tenant's token is stored; the token itself is never written
+//!   (the admin layer draws it, shows it once and passes the hash here);
+//! - a tenant name is what `tasks.tenant`, `modules.tenant` and `dead_tasks.tenant` hold;
+//!   names are immutable, so a tenant's rows can never change hands;
+//! - caps are `None` (no cap) or positive (`max_running` may be 0: the tenant's tasks wait);
+//!   the running cap is enforced by [`super::claim_batch`], the others by the admin API at
+//!   upload time.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgExecutor;
+
+use super::{error::is_unique_violation, validate_tenant, InvalidTask, QueueError};
+
+/// What a tenant may ask for. `None`: no cap beyond the runner's own maxima.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct TenantCaps {
+    /// Largest module the tenant may upload, in bytes.
+    pub max_module_bytes: Option<i64>,
+    /// Most fuel a module of this tenant may ask for.
+    pub max_fuel: Option<i64>,
+    /// Longest wall-clock timeout a module of this tenant may ask for.
+    pub max_timeout_ms: Option<i64>,
+    /// Most linear memory a module of this tenant may ask for.
+    pub max_memory_bytes: Option<i64>,
+    /// Most tasks of this tenant running at once across all runners.
+    pub max_running: Option<i32>,
+}
+
+impl TenantCaps {
+    /// Rejects zero or negative caps (`max_running` may be zero, never negative).
+    pub fn validate(&self) -> Result<(), TenantError> {
+        let positive = [
+            ("max_module_bytes", self.max_module_bytes),
+            ("max_fuel", self.max_fuel),
+            ("max_timeout_ms", self.max_timeout_ms),
+            ("max_memory_bytes", self.max_memory_bytes),
+        ];
+        for (field, value) in positive {
+            if value.is_some_and(|v| v <= 0) {
+                return Err(TenantError::BadCap { field, requirement: "greater than zero" });
+            }
+        }
+        if self.max_running.is_some_and(|v| v < 0) {
+            return Err(TenantError::BadCap { field: "max_running", requirement: "zero or more" });
+        }
+        Ok(())
+    }
+}
+
+/// One tenant, without its token hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct Tenant {
+    pub name: String,
+    #[sqlx(flatten)]
+    #[serde(flatten)]
+    pub caps: TenantCaps,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Why a tenant could not be created or changed. Nothing was written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TenantError {
+    #[error("tenant {0:?} already exists")]
+    Exists(String),
+    #[error("tenant {0:?} not found")]
+    NotFound(String),
+    #[error(transparent)]
+    BadName(InvalidTask),
+    #[error("{field} must be {requirement}")]
+    BadCap { field: &'static str, requirement: &'static str },
+    #[error("token hash must be 64 lowercase hex digits")]
+    BadTokenHash,
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+impl From<sqlx::Error> for TenantError {
+    fn from(e: sqlx::Error) -> Self {
+        TenantError::Queue(QueueError::Database(e))
+    }
+}
+
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Creates tenant `name`, authenticated by the token whose SHA-256 is `token_sha256`.
+pub async fn create_tenant<'c, E: PgExecutor<'c>>(
+    executor: E,
+    name: &str,
+    token_sha256: &str,
+    caps: &TenantCaps,
+) -> Result<Tenant, TenantError> {
+    validate_tenant(name).map_err(TenantError::BadName)?;
+    caps.validate()?;
+    if !is_sha256_hex(token_sha256) {
+        return Err(TenantError::BadTokenHash);
+    }
+    sqlx::query_as(
+        r#"
+        insert into tenants (name, token_sha256, max_module_bytes, max_fuel, max_timeout_ms,
+                             max_memory_bytes, max_running)
+        values ($1, $2, $3, $4, $5, $6, $7)
+        returning name, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
+                  max_running, created_at
+        "#,
+    )
+    .bind(name)
+    .bind(token_sha256)
+    .bind(caps.max_module_bytes)
+    .bind(caps.max_fuel)
+    .bind(caps.max_timeout_ms)
+    .bind(caps.max_memory_bytes)
+    .bind(caps.max_running)
+    .fetch_one(executor)
+    .await
+    .map_err(|e| {
+        if is_unique_violation(&e, "tenants_pkey") {
+            TenantError::Exists(name.to_owned())
+        } else {
+            e.into()
+        }
+    })
+}
+
+/// Replaces tenant `name`'s caps. A lowered `max_running` applies from the next claim (tasks
+/// already running are not stopped).
+pub async fn set_tenant_caps<'c, E: PgExecutor<'c>>(
+    executor: E,
+    name: &str,
+    caps: &TenantCaps,
+) -> Result<Tenant, TenantError> {
+    caps.validate()?;
+    let row: Option<Tenant> = sqlx::query_as(
+        r#"
+        update tenants
+        set max_module_bytes = $2, max_fuel = $3, max_timeout_ms = $4, max_memory_bytes = $5,
+            max_running = $6
+        where name = $1
+        returning name, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
+                  max_running, created_at
+        "#,
+    )
+    .bind(name)
+    .bind(caps.max_module_bytes)
+    .bind(caps.max_fuel)
+    .bind(caps.max_timeout_ms)
+    .bind(caps.max_memory_bytes)
+    .bind(caps.max_running)
+    .fetch_optional(executor)
+    .await?;
+    row.ok_or_else(|| TenantError::NotFound(name.to_owned()))
+}
+
+/// The tenant whose token hashes to `token_sha256`, if any.
+pub async fn tenant_by_token<'c, E: PgExecutor<'c>>(
+    executor: E,
+    token_sha256: &str,
+) -> Result<Option<Tenant>, QueueError> {
+    Ok(sqlx::query_as(
+        r#"
+        select name, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes, max_running,
+               created_at
+        from tenants where token_sha256 = $1
+        "#,
+    )
+    .bind(token_sha256)
+    .fetch_optional(executor)
+    .await?)
+}
+
+pub async fn get_tenant<'c, E: PgExecutor<'c>>(
+    executor: E,
+    name: &str,
+) -> Result<Option<Tenant>, QueueError> {
+    Ok(sqlx::query_as(
+        r#"
+        select name, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes, max_running,
+               created_at
+        from tenants where name = $1
+        "#,
+    )
+    .bind(name)
+    .fetch_optional(executor)
+    .await?)
+}
+
+/// Every tenant, by name.
+pub async fn list_tenants<'c, E: PgExecutor<'c>>(executor: E) -> Result<Vec<Tenant>, QueueError> {
+    Ok(sqlx::query_as(
+        r#"
+        select name, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes, max_running,
+               created_at
+        from tenants order by name
+        "#,
+    )
+    .fetch_all(executor)
+    .await?)
+}
+
+/// Those of `task_types` for which `tenant` has no active module, in input order, without
+/// repeats. Enqueueing such a type would only fill the dead-letter table.
+pub async fn missing_modules<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: &str,
+    task_types: &[String],
+) -> Result<Vec<String>, QueueError> {
+    Ok(sqlx::query_scalar(
+        r#"
+        select t.task_type
+        from unnest($2::text[]) with ordinality as t(task_type, ord)
+        where not exists (
+            select 1 from active_modules a where a.tenant = $1 and a.task_type = t.task_type
+        )
+        group by t.task_type
+        order by min(t.ord)
+        "#,
+    )
+    .bind(tenant)
+    .bind(task_types)
+    .fetch_all(executor)
+    .await?)
+}
