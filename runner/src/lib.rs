@@ -3,8 +3,10 @@
 //! - [`queue`]: the task table and every SQL statement (claim, complete, retry, dead-letter).
 //! - [`sandbox`]: the wasmtime engine, module cache, per-task limits and outcome classification.
 //! - [`worker`]: the runner loop (claim -> run -> report), heartbeats, maintenance, shutdown.
+//! - [`admin`]: the HTTP admin API (warp): modules, tasks, tenants, stats, metrics.
 //! - [`config`]: runner settings with defaults and cross-checks.
 
+pub mod admin;
 pub mod config;
 pub mod metrics;
 pub mod queue;

@@ -51,8 +51,9 @@ pub const LABEL_TENANT: &str = "tenant";
 pub const LABEL_TASK_TYPE: &str = "task_type";
 pub const LABEL_STATE: &str = "state";
 
-const SECONDS_BUCKETS: &[f64] =
-    &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0];
+const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+];
 const LAG_BUCKETS: &[f64] =
     &[0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
 const FUEL_BUCKETS: &[f64] = &[1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11];
@@ -144,9 +145,8 @@ pub fn set_queue_gauges(stats: &[TypeStats], runners: usize) {
 }
 
 fn set_type(tenant: &str, task_type: &str, s: Option<&TypeStats>) {
-    let counts = s.map_or([0; 6], |s| {
-        [s.pending, s.running, s.retrying, s.succeeded, s.cancelled, s.dead]
-    });
+    let counts =
+        s.map_or([0; 6], |s| [s.pending, s.running, s.retrying, s.succeeded, s.cancelled, s.dead]);
     let states = ["pending", "running", "retrying", "succeeded", "cancelled", "dead"];
     for (state, count) in states.into_iter().zip(counts) {
         metrics::gauge!(TASKS, LABEL_TENANT => tenant.to_owned(),
@@ -160,6 +160,7 @@ fn set_type(tenant: &str, task_type: &str, s: Option<&TypeStats>) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -48,7 +48,7 @@ pub use tenants::{
 };
 pub use types::{
     validate_task_type, validate_tenant, ActiveModule, ClaimedTask, NewTask, Schedule, TaskId,
-    TaskState, DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT,
+    TaskState, DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_MAX_ATTEMPTS,
 };
 
 /// The migrations in `migrations/`, embedded at build time.

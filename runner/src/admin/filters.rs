@@ -1,0 +1,161 @@
+//! The route table: which method and path go to which handler, with what authentication and
+//! body, and the one `recover` at the end.
+//!
+//! Invariants: every route matches method and path before it authenticates or reads a body
+//! (so an unknown path costs nothing and answers 404); every `/v1` route and `/metrics`
+//! authenticate; a rejection from any route becomes a JSON error in [`recover`].
+
+use std::convert::Infallible;
+
+use warp::reply::{Reply, Response};
+use warp::{Filter, Rejection};
+
+use super::auth::{authenticate, Caller};
+use super::body;
+use super::error::{recover, ApiError};
+use super::handlers::{modules, ops, tasks, Answer};
+use super::models::{ActivateRequest, EnqueueRequest};
+use super::AdminState;
+use crate::queue::TaskId;
+
+type Pairs = Vec<(String, String)>;
+
+fn respond(answer: Answer) -> Result<Response, Rejection> {
+    answer.map_err(ApiError::reject)
+}
+
+fn with(state: &AdminState) -> impl Filter<Extract = (AdminState,), Error = Infallible> + Clone {
+    let state = state.clone();
+    warp::any().map(move || state.clone())
+}
+
+/// The query string as name/value pairs (empty without one).
+fn query() -> impl Filter<Extract = (Pairs,), Error = Rejection> + Clone {
+    warp::query::<Pairs>()
+}
+
+/// Every route of the admin API, errors included: what [`super::serve`] serves and what tests
+/// drive with `warp::test::request()`.
+pub fn routes(
+    state: AdminState,
+) -> impl Filter<Extract = (impl Reply,), Error = Infallible> + Clone + Send + Sync + 'static {
+    let auth = || authenticate(state.clone());
+    let json_limit = state.config().max_json_bytes;
+
+    let healthz = warp::get().and(warp::path!("healthz")).map(ops::healthz);
+    let readyz = warp::get()
+        .and(warp::path!("readyz"))
+        .and(with(&state))
+        .and_then(|state| async move { respond(ops::readyz(state).await) });
+    let metrics = warp::get()
+        .and(warp::path!("metrics"))
+        .and(with(&state))
+        .and(auth())
+        .and_then(|state, caller| async move { respond(ops::metrics(state, caller).await) });
+
+    let upload = warp::put()
+        .and(warp::path!("v1" / "modules" / String))
+        .and(with(&state))
+        .and(auth())
+        .and(query())
+        .and(warp::header::optional::<String>("content-type"))
+        .and(warp::header::optional::<u64>("content-length"))
+        .and(warp::body::stream())
+        .and_then(|task_type, state, caller, q, content_type, length, body| async move {
+            respond(modules::upload(state, caller, task_type, q, content_type, length, body).await)
+        });
+    let module_list = warp::get()
+        .and(warp::path!("v1" / "modules"))
+        .and(with(&state))
+        .and(auth())
+        .and(query())
+        .and_then(|state, caller, q| async move { respond(modules::list(state, caller, q).await) });
+    let module_versions = warp::get()
+        .and(warp::path!("v1" / "modules" / String))
+        .and(with(&state))
+        .and(auth())
+        .and(query())
+        .and_then(|task_type, state, caller, q| async move {
+            respond(modules::versions(state, caller, task_type, q).await)
+        });
+    let activate = warp::post()
+        .and(warp::path!("v1" / "modules" / String / "activate"))
+        .and(with(&state))
+        .and(auth())
+        .and(query())
+        .and(body::json::<ActivateRequest>(json_limit))
+        .and_then(|task_type, state, caller, q, request| async move {
+            respond(modules::activate(state, caller, task_type, q, request).await)
+        });
+
+    let enqueue = warp::post()
+        .and(warp::path!("v1" / "tasks"))
+        .and(with(&state))
+        .and(auth())
+        .and(query())
+        .and(body::json::<EnqueueRequest>(json_limit))
+        .and_then(|state, caller, q, request| async move {
+            respond(tasks::enqueue(state, caller, q, request).await)
+        });
+    let batch = warp::post()
+        .and(warp::path!("v1" / "tasks" / "batch"))
+        .and(with(&state))
+        .and(auth())
+        .and(query())
+        .and(body::json::<Vec<EnqueueRequest>>(json_limit))
+        .and_then(|state, caller, q, requests| async move {
+            respond(tasks::enqueue_batch(state, caller, q, requests).await)
+        });
+    let task_show = warp::get()
+        .and(warp::path!("v1" / "tasks" / TaskId))
+        .and(with(&state))
+        .and(auth())
+        .and_then(|id, state, caller| async move { respond(tasks::show(state, caller, id).await) });
+    let cancel = warp::post()
+        .and(warp::path!("v1" / "tasks" / TaskId / "cancel"))
+        .and(with(&state))
+        .and(auth())
+        .and_then(
+            |id, state, caller| async move { respond(tasks::cancel(state, caller, id).await) },
+        );
+
+    let dead = warp::get()
+        .and(warp::path!("v1" / "dead"))
+        .and(with(&state))
+        .and(auth())
+        .and(query())
+        .and_then(|state, caller, q| async move { respond(ops::dead(state, caller, q).await) });
+    let requeue = warp::post()
+        .and(warp::path!("v1" / "dead" / TaskId / "requeue"))
+        .and(with(&state))
+        .and(auth())
+        .and_then(
+            |id, state, caller| async move { respond(ops::requeue(state, caller, id).await) },
+        );
+    let stats = warp::get()
+        .and(warp::path!("v1" / "stats"))
+        .and(with(&state))
+        .and(auth())
+        .and(query())
+        .and_then(|state, caller, q| async move { respond(ops::stats(state, caller, q).await) });
+    let tenants =
+        warp::get().and(warp::path!("v1" / "tenants")).and(with(&state)).and(auth()).and_then(
+            |state, caller: Caller| async move { respond(ops::tenants(state, caller).await) },
+        );
+
+    let probes = healthz.or(readyz).unify().or(metrics).unify();
+    let module_routes =
+        upload.or(module_list).unify().or(module_versions).unify().or(activate).unify();
+    let task_routes = enqueue.or(batch).unify().or(task_show).unify().or(cancel).unify();
+    let ops_routes = dead.or(requeue).unify().or(stats).unify().or(tenants).unify();
+    probes
+        .or(module_routes.boxed())
+        .unify()
+        .or(task_routes.boxed())
+        .unify()
+        .or(ops_routes.boxed())
+        .unify()
+        .recover(recover)
+        .unify()
+        .with(warp::trace::request())
+}

@@ -1,0 +1,166 @@
+//! The admin API: an HTTP/JSON endpoint (warp) to upload modules, enqueue and inspect tasks,
+//! read queue statistics and scrape metrics, shared by several tenants.
+//!
+//! Owns: [`AdminState`] (pool, sandbox for upload validation, settings, metrics handle),
+//! [`routes`] (the whole API as one warp filter, for tests and embedding) and [`serve`] /
+//! [`serve_on`] (bind and serve until a shutdown future resolves). `sweep admin` serves it
+//! alone; `sweep run` serves it next to a runner.
+//!
+//! Files: `config` (settings), `auth` (tokens, callers, tenant scoping), `body` (size-limited
+//! bodies), `params` (query strings, module limits), `models` (JSON bodies), `handlers/*`
+//! (one file per resource), `filters` (route table), `error` (JSON errors, the `recover`).
+//!
+//! Invariants:
+//! - every `/v1` route and `/metrics` authenticates (`Authorization: Bearer <token>`); a tenant
+//!   token only ever reads or writes its own tenant's rows; others answer 404 as if absent;
+//! - bad input is a 4xx JSON error, never a 500 or a panic; request bodies are size-limited;
+//! - database errors are logged and shown as "internal error";
+//! - module validation (a compile) never runs on an async worker thread.
+
+mod auth;
+mod body;
+mod config;
+mod error;
+mod filters;
+mod handlers;
+mod models;
+mod params;
+
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+pub use auth::{create_tenant, hash_token, new_token, Caller, TOKEN_PREFIX};
+pub use config::{
+    AdminConfig, AdminConfigError, DEFAULT_ADDR, DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_CONCURRENT_VALIDATIONS, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_MODULE_BYTES,
+    DEFAULT_VALIDATION_TIMEOUT, MIN_OPERATOR_TOKEN_LEN,
+};
+pub use error::ApiError;
+pub use filters::routes;
+pub use params::{EffectiveLimits, MAX_BACKOFF_MS};
+
+use crate::sandbox::Sandbox;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdminError {
+    #[error("invalid admin API settings: {0}")]
+    Config(#[from] AdminConfigError),
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read the listening address")]
+    LocalAddr(#[source] std::io::Error),
+}
+
+/// Everything a request needs. Cheap to clone.
+#[derive(Clone)]
+pub struct AdminState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    sandbox: Sandbox,
+    config: AdminConfig,
+    operator_token_hash: Option<String>,
+    metrics: Option<PrometheusHandle>,
+    validation_slots: Arc<Semaphore>,
+}
+
+impl fmt::Debug for AdminState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdminState")
+            .field("config", &self.inner.config)
+            .field("metrics", &self.inner.metrics.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminState {
+    /// Checks `config` and installs the Prometheus recorder (once per process; without it,
+    /// `/metrics` answers 503 and everything else works). `sandbox` validates uploads: share
+    /// the runner's, or build one with `SandboxConfig { pooling: false, .. }` when serving
+    /// the API alone. Its maxima bound what a module may ask for.
+    pub fn new(pool: PgPool, sandbox: Sandbox, config: AdminConfig) -> Result<Self, AdminError> {
+        config.validate()?;
+        let metrics = match crate::metrics::install() {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics unavailable: /metrics will answer 503");
+                None
+            }
+        };
+        let operator_token_hash = config.operator_token.as_deref().map(auth::hash_token);
+        let validation_slots = Arc::new(Semaphore::new(config.max_concurrent_validations));
+        Ok(AdminState {
+            inner: Arc::new(Inner {
+                pool,
+                sandbox,
+                config,
+                operator_token_hash,
+                metrics,
+                validation_slots,
+            }),
+        })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.inner.sandbox
+    }
+
+    pub fn config(&self) -> &AdminConfig {
+        &self.inner.config
+    }
+
+    pub fn metrics(&self) -> Option<&PrometheusHandle> {
+        self.inner.metrics.as_ref()
+    }
+
+    fn operator_token_hash(&self) -> Option<&str> {
+        self.inner.operator_token_hash.as_deref()
+    }
+
+    fn validation_slots(&self) -> Arc<Semaphore> {
+        Arc::clone(&self.inner.validation_slots)
+    }
+}
+
+/// Binds `addr` and serves the API until `shutdown` resolves, then stops accepting and lets
+/// requests in flight finish. Fails only if the address cannot be bound.
+pub async fn serve(
+    addr: SocketAddr,
+    state: AdminState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AdminError> {
+    let listener =
+        TcpListener::bind(addr).await.map_err(|source| AdminError::Bind { addr, source })?;
+    serve_on(listener, state, shutdown).await
+}
+
+/// Like [`serve`], on a listener bound by the caller (e.g. port 0 in tests).
+pub async fn serve_on(
+    listener: TcpListener,
+    state: AdminState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AdminError> {
+    let local = listener.local_addr().map_err(AdminError::LocalAddr)?;
+    tracing::info!(addr = %local, "admin API listening");
+    warp::serve(routes(state)).incoming(listener).graceful(shutdown).run().await;
+    tracing::info!(addr = %local, "admin API stopped");
+    Ok(())
+}

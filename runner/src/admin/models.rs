@@ -1,0 +1,194 @@
+//! Request and response bodies of the admin API, and the checks that turn a request body
+//! into queue input.
+//!
+//! Invariants: request bodies reject unknown fields (a misspelt `delay_ms` is an error, not a
+//! task that runs now); strings Postgres cannot store (NUL characters) are refused here as
+//! bad input instead of failing in the database.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::params::EffectiveLimits;
+use crate::queue::{
+    DeadTask, Enqueued, ModuleVersion, NewTask, RunnerInfo, TaskId, Tenant, TypeStats,
+};
+
+fn empty_object() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+/// `POST /v1/tasks` (and each element of `POST /v1/tasks/batch`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnqueueRequest {
+    pub task_type: String,
+    /// A JSON object; `{}` when absent.
+    #[serde(default = "empty_object")]
+    pub payload: Value,
+    #[serde(default)]
+    pub priority: i32,
+    pub run_at: Option<DateTime<Utc>>,
+    pub delay_ms: Option<u64>,
+    pub max_attempts: Option<i32>,
+    pub dedup_key: Option<String>,
+}
+
+impl EnqueueRequest {
+    /// The task to enqueue for `tenant`; the queue validates the rest.
+    pub fn into_task(self, tenant: &str) -> Result<NewTask, ApiError> {
+        let invalid = |m: &str| ApiError::unprocessable("invalid_task", m.to_owned());
+        if has_nul(&self.payload) {
+            return Err(invalid("payload must not contain NUL (\\u0000) characters"));
+        }
+        if self.dedup_key.as_deref().is_some_and(|k| k.contains('\0')) {
+            return Err(invalid("dedup_key must not contain NUL (\\u0000) characters"));
+        }
+        let mut task = NewTask::new(self.task_type, self.payload).tenant(tenant);
+        task.priority = self.priority;
+        task.max_attempts = self.max_attempts;
+        task.dedup_key = self.dedup_key;
+        match (self.run_at, self.delay_ms) {
+            (Some(_), Some(_)) => return Err(invalid("give run_at or delay_ms, not both")),
+            (Some(at), None) => task = task.run_at(at),
+            (None, Some(ms)) => task = task.delay(std::time::Duration::from_millis(ms)),
+            (None, None) => {}
+        }
+        Ok(task)
+    }
+}
+
+fn has_nul(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(has_nul),
+        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        _ => false,
+    }
+}
+
+/// `POST /v1/modules/{task_type}/activate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActivateRequest {
+    pub version: i32,
+}
+
+/// `POST /v1/tasks/batch` answer: one entry per input task, in input order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BatchResponse {
+    pub tasks: Vec<Enqueued>,
+}
+
+/// `PUT /v1/modules/{task_type}` answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UploadResponse {
+    pub tenant: String,
+    pub task_type: String,
+    pub version: i32,
+    pub sha256: String,
+    pub size: i64,
+    /// False when identical bytes and limits were already registered (that version is
+    /// active again).
+    pub created: bool,
+    pub wasi_imports: Vec<String>,
+    pub limits: EffectiveLimits,
+}
+
+/// `GET /v1/modules` and `GET /v1/modules/{task_type}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModulesResponse {
+    pub modules: Vec<ModuleVersion>,
+}
+
+/// `GET /v1/dead`: a page of dead tasks; pass `next_after` as `after` for the next page.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadPage {
+    pub tasks: Vec<DeadTask>,
+    pub next_after: Option<TaskId>,
+}
+
+/// A runner as `GET /v1/stats` shows it. Tenants see no host or pid.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunnerView {
+    pub id: Uuid,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    pub started_at: DateTime<Utc>,
+    pub last_heartbeat_at: DateTime<Utc>,
+    pub heartbeat_age_ms: i64,
+}
+
+impl RunnerView {
+    pub fn new(r: RunnerInfo, operator: bool, now: DateTime<Utc>) -> Self {
+        RunnerView {
+            id: r.id,
+            host: operator.then_some(r.host),
+            pid: operator.then_some(r.pid),
+            started_at: r.started_at,
+            last_heartbeat_at: r.last_heartbeat_at,
+            heartbeat_age_ms: (now - r.last_heartbeat_at).num_milliseconds().max(0),
+        }
+    }
+}
+
+/// `GET /v1/stats`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StatsResponse {
+    /// Per tenant and task type: counts by state, oldest due age, failed attempts in the last
+    /// hour, completions in the last minute.
+    pub types: Vec<TypeStats>,
+    pub runners: Vec<RunnerView>,
+}
+
+/// `GET /v1/tenants`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TenantsResponse {
+    pub tenants: Vec<Tenant>,
+}
+
+/// `GET /healthz`, `GET /readyz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Health {
+    pub status: &'static str,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<EnqueueRequest, serde_json::Error> {
+        serde_json::from_value(v)
+    }
+
+    #[test]
+    fn requests_default_and_reject_unknown_fields() {
+        let r = parse(json!({"task_type": "t"})).unwrap();
+        assert_eq!((r.payload, r.priority), (json!({}), 0));
+        assert!(parse(json!({"task_type": "t", "delay": 5})).is_err());
+        assert!(parse(json!({"task_type": "t", "delay_ms": -5})).is_err());
+        assert!(parse(json!({"payload": {}})).is_err());
+    }
+
+    #[test]
+    fn into_task_refuses_nul_and_double_schedules() {
+        let r = parse(json!({"task_type": "t", "payload": {"a": ["x\u{0}"]}})).unwrap();
+        assert_eq!(r.into_task("default").unwrap_err().code, "invalid_task");
+        let r = parse(json!({"task_type": "t", "run_at": "2030-01-01T00:00:00Z", "delay_ms": 1}))
+            .unwrap();
+        assert!(r.into_task("default").is_err());
+        let r = parse(json!({"task_type": "t", "delay_ms": 1500, "dedup_key": "k"})).unwrap();
+        let t = r.into_task("acme").unwrap();
+        assert_eq!(t.tenant, "acme");
+        assert_eq!(
+            t.schedule,
+            crate::queue::Schedule::After(std::time::Duration::from_millis(1500))
+        );
+    }
+}

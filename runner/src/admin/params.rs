@@ -1,0 +1,310 @@
+//! Query parameters and module limits: parsing with errors that name the parameter, and the
+//! check of the limits an upload asks for against the runner's maxima and the tenant's caps.
+//!
+//! Invariants:
+//! - a malformed, zero or negative number, a repeated or an unknown parameter is a 400;
+//! - a well-formed limit above the runner maximum or the tenant's cap is a 422 that says
+//!   which bound it broke;
+//! - the settings stored with a module never exceed the tenant's caps: when the runner
+//!   default is above a cap and the upload does not ask for less, the cap itself is stored.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::error::ApiError;
+use crate::queue::{ModuleSettings, TenantCaps, DEFAULT_MAX_ATTEMPTS, MAX_MAX_ATTEMPTS};
+use crate::sandbox::{LimitOverrides, Limits, SandboxConfig};
+
+const MIB: u64 = 1024 * 1024;
+/// Longest backoff a module may ask for.
+pub const MAX_BACKOFF_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// A query string as `(name, value)` pairs, consumed parameter by parameter.
+#[derive(Debug)]
+pub struct Query {
+    pairs: Vec<(String, String)>,
+}
+
+impl Query {
+    pub fn new(pairs: Vec<(String, String)>) -> Result<Self, ApiError> {
+        for (i, (name, _)) in pairs.iter().enumerate() {
+            if pairs[..i].iter().any(|(n, _)| n == name) {
+                return Err(ApiError::bad_request(
+                    "invalid_parameter",
+                    format!("parameter `{name}` is given more than once"),
+                ));
+            }
+        }
+        Ok(Query { pairs })
+    }
+
+    pub fn take(&mut self, name: &str) -> Option<String> {
+        let i = self.pairs.iter().position(|(n, _)| n == name)?;
+        Some(self.pairs.swap_remove(i).1)
+    }
+
+    /// A whole number greater than zero.
+    pub fn take_positive(&mut self, name: &str) -> Result<Option<u64>, ApiError> {
+        let Some(raw) = self.take(name) else { return Ok(None) };
+        match raw.trim().parse::<u64>() {
+            Ok(v) if v > 0 => Ok(Some(v)),
+            _ => Err(ApiError::bad_request(
+                "invalid_parameter",
+                format!("parameter `{name}` must be a whole number greater than zero, got {raw:?}"),
+            )),
+        }
+    }
+
+    pub fn take_bool(&mut self, name: &str) -> Result<Option<bool>, ApiError> {
+        let Some(raw) = self.take(name) else { return Ok(None) };
+        match raw.as_str() {
+            "true" | "1" | "" => Ok(Some(true)),
+            "false" | "0" => Ok(Some(false)),
+            _ => Err(ApiError::bad_request(
+                "invalid_parameter",
+                format!("parameter `{name}` must be true or false, got {raw:?}"),
+            )),
+        }
+    }
+
+    /// Rejects whatever parameters were not taken.
+    pub fn finish(self) -> Result<(), ApiError> {
+        match self.pairs.first() {
+            None => Ok(()),
+            Some((name, _)) => Err(ApiError::bad_request(
+                "unknown_parameter",
+                format!("unknown query parameter `{name}`"),
+            )),
+        }
+    }
+}
+
+/// The limits an upload asks for, as given (`PUT /v1/modules/{task_type}?fuel=...`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestedLimits {
+    pub fuel: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub memory_mb: Option<u64>,
+    pub max_attempts: Option<u64>,
+    pub backoff_base_ms: Option<u64>,
+    pub backoff_cap_ms: Option<u64>,
+}
+
+impl RequestedLimits {
+    pub fn from_query(q: &mut Query) -> Result<Self, ApiError> {
+        Ok(RequestedLimits {
+            fuel: q.take_positive("fuel")?,
+            timeout_ms: q.take_positive("timeout_ms")?,
+            memory_mb: q.take_positive("memory_mb")?,
+            max_attempts: q.take_positive("max_attempts")?,
+            backoff_base_ms: q.take_positive("backoff_base_ms")?,
+            backoff_cap_ms: q.take_positive("backoff_cap_ms")?,
+        })
+    }
+}
+
+/// What a module will run with: the runner's view at upload time (each runner applies its
+/// own defaults and maxima when the task runs; `null` backoff means the runner's default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct EffectiveLimits {
+    pub fuel: u64,
+    pub timeout_ms: u64,
+    pub memory_bytes: u64,
+    pub output_bytes: usize,
+    pub max_attempts: i32,
+    pub backoff_base_ms: Option<i64>,
+    pub backoff_cap_ms: Option<i64>,
+}
+
+fn over(what: &str, value: u64, unit: &str, bound: &str, limit: u64) -> ApiError {
+    ApiError::unprocessable(
+        "limit_too_high",
+        format!("{what} = {value}{unit} exceeds {bound} of {limit}{unit}"),
+    )
+}
+
+/// Checks `req` against the runner maxima (`sandbox`) and the tenant's `caps`; returns the
+/// settings to store and the limits they resolve to.
+pub fn resolve_limits(
+    req: &RequestedLimits,
+    caps: &TenantCaps,
+    sandbox: &SandboxConfig,
+) -> Result<(ModuleSettings, EffectiveLimits), ApiError> {
+    let (defaults, maxima) = (&sandbox.defaults, &sandbox.maxima);
+    let cap = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
+    let runner_max = "the runner maximum";
+    let tenant_cap = "the tenant's cap";
+
+    // (requested, runner default, runner maximum, tenant cap) per sandbox limit.
+    let max_timeout_ms = u64::try_from(maxima.timeout.as_millis()).unwrap_or(u64::MAX);
+    let default_timeout_ms = u64::try_from(defaults.timeout.as_millis()).unwrap_or(u64::MAX);
+    let memory_bytes =
+        match req.memory_mb {
+            Some(mb) => Some(mb.checked_mul(MIB).ok_or_else(|| {
+                over("memory_mb", mb, " MiB", runner_max, maxima.memory_bytes / MIB)
+            })?),
+            None => None,
+        };
+    let checks = [
+        ("fuel", req.fuel, "", 1, defaults.fuel, maxima.fuel, cap(caps.max_fuel)),
+        (
+            "timeout_ms",
+            req.timeout_ms,
+            " ms",
+            1,
+            default_timeout_ms,
+            max_timeout_ms,
+            cap(caps.max_timeout_ms),
+        ),
+        (
+            "memory_mb",
+            memory_bytes,
+            " MiB",
+            MIB,
+            defaults.memory_bytes,
+            maxima.memory_bytes,
+            cap(caps.max_memory_bytes),
+        ),
+    ];
+    let mut stored = [None; 3];
+    for (slot, (name, asked, unit, scale, default, maximum, tenant)) in
+        stored.iter_mut().zip(checks)
+    {
+        if let Some(v) = asked {
+            if v > maximum {
+                return Err(over(name, v / scale, unit, runner_max, maximum / scale));
+            }
+            if let Some(t) = tenant.filter(|&t| v > t) {
+                return Err(over(name, v / scale, unit, tenant_cap, t / scale));
+            }
+        }
+        // Without a request, a tenant cap below the runner default is what the module gets.
+        *slot = asked.or(tenant.filter(|&t| t < default));
+    }
+    let [fuel, timeout_ms, memory_bytes] = stored;
+
+    let max_attempts = match req.max_attempts {
+        Some(n) if n > u64::try_from(MAX_MAX_ATTEMPTS).unwrap_or(u64::MAX) => {
+            return Err(over("max_attempts", n, "", "the maximum", MAX_MAX_ATTEMPTS as u64));
+        }
+        n => n.and_then(|n| i32::try_from(n).ok()),
+    };
+    for (name, v) in
+        [("backoff_base_ms", req.backoff_base_ms), ("backoff_cap_ms", req.backoff_cap_ms)]
+    {
+        if let Some(v) = v.filter(|&v| v > MAX_BACKOFF_MS) {
+            return Err(over(name, v, " ms", "the maximum", MAX_BACKOFF_MS));
+        }
+    }
+    if let (Some(base), Some(cap)) = (req.backoff_base_ms, req.backoff_cap_ms) {
+        if cap < base {
+            return Err(ApiError::unprocessable(
+                "invalid_backoff",
+                format!("backoff_cap_ms ({cap}) must not be below backoff_base_ms ({base})"),
+            ));
+        }
+    }
+
+    let to_i64 = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+    let settings = ModuleSettings {
+        fuel: to_i64(fuel),
+        timeout_ms: to_i64(timeout_ms),
+        memory_bytes: to_i64(memory_bytes),
+        max_attempts,
+        backoff_base_ms: to_i64(req.backoff_base_ms),
+        backoff_cap_ms: to_i64(req.backoff_cap_ms),
+    };
+    let overrides = LimitOverrides {
+        fuel,
+        timeout: timeout_ms.map(Duration::from_millis),
+        memory_bytes,
+        output_bytes: None,
+    };
+    let limits = Limits::resolve(defaults, &overrides, maxima);
+    let effective = EffectiveLimits {
+        fuel: limits.fuel,
+        timeout_ms: u64::try_from(limits.timeout.as_millis()).unwrap_or(u64::MAX),
+        memory_bytes: limits.memory_bytes,
+        output_bytes: limits.output_bytes,
+        max_attempts: max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
+        backoff_base_ms: settings.backoff_base_ms,
+        backoff_cap_ms: settings.backoff_cap_ms,
+    };
+    Ok((settings, effective))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn query(s: &[(&str, &str)]) -> Query {
+        Query::new(s.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()).unwrap()
+    }
+
+    fn requested(s: &[(&str, &str)]) -> Result<RequestedLimits, ApiError> {
+        let mut q = query(s);
+        let r = RequestedLimits::from_query(&mut q)?;
+        q.finish()?;
+        Ok(r)
+    }
+
+    #[test]
+    fn bad_numbers_and_unknown_or_repeated_parameters_are_400() {
+        for bad in ["-1", "0", "1.5", "ten", "", "99999999999999999999999"] {
+            let e = requested(&[("fuel", bad)]).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.code), (400, "invalid_parameter"), "{bad}");
+            assert!(e.message.contains("fuel"));
+        }
+        let e = requested(&[("fule", "1")]).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.code), (400, "unknown_parameter"));
+        let pairs = vec![("fuel".to_string(), "1".to_string()), ("fuel".into(), "2".into())];
+        assert_eq!(Query::new(pairs).unwrap_err().status.as_u16(), 400);
+        assert_eq!(requested(&[("memory_mb", "16")]).unwrap().memory_mb, Some(16));
+    }
+
+    #[test]
+    fn limits_above_the_runner_maximum_or_the_tenant_cap_are_422() {
+        let sandbox = SandboxConfig::default();
+        let none = TenantCaps::default();
+        let req = RequestedLimits { fuel: Some(u64::MAX), ..Default::default() };
+        let e = resolve_limits(&req, &none, &sandbox).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.code), (422, "limit_too_high"));
+        assert!(e.message.contains("runner maximum"), "{}", e.message);
+
+        let caps = TenantCaps { max_memory_bytes: Some(32 * MIB as i64), ..Default::default() };
+        let req = RequestedLimits { memory_mb: Some(64), ..Default::default() };
+        let e = resolve_limits(&req, &caps, &sandbox).unwrap_err();
+        assert!(e.message.contains("tenant's cap of 32 MiB"), "{}", e.message);
+        let req = RequestedLimits { memory_mb: Some(u64::MAX), ..Default::default() };
+        assert_eq!(resolve_limits(&req, &none, &sandbox).unwrap_err().status.as_u16(), 422);
+
+        let req = RequestedLimits { max_attempts: Some(5000), ..Default::default() };
+        assert_eq!(resolve_limits(&req, &none, &sandbox).unwrap_err().status.as_u16(), 422);
+        let req = RequestedLimits {
+            backoff_base_ms: Some(100),
+            backoff_cap_ms: Some(10),
+            ..Default::default()
+        };
+        assert_eq!(resolve_limits(&req, &none, &sandbox).unwrap_err().code, "invalid_backoff");
+    }
+
+    #[test]
+    fn tenant_caps_below_the_default_are_stored_and_effective() {
+        let sandbox = SandboxConfig::default();
+        let caps = TenantCaps { max_fuel: Some(1000), ..Default::default() };
+        let (settings, limits) =
+            resolve_limits(&RequestedLimits::default(), &caps, &sandbox).unwrap();
+        assert_eq!(settings.fuel, Some(1000));
+        assert_eq!(limits.fuel, 1000);
+        assert_eq!(settings.timeout_ms, None, "no cap, no override");
+        assert_eq!(limits.timeout_ms, sandbox.defaults.timeout.as_millis() as u64);
+        assert_eq!(limits.max_attempts, DEFAULT_MAX_ATTEMPTS);
+
+        let req = RequestedLimits { fuel: Some(10), memory_mb: Some(2), ..Default::default() };
+        let (settings, limits) = resolve_limits(&req, &caps, &sandbox).unwrap();
+        assert_eq!((settings.fuel, settings.memory_bytes), (Some(10), Some(2 * MIB as i64)));
+        assert_eq!((limits.fuel, limits.memory_bytes), (10, 2 * MIB));
+    }
+}
