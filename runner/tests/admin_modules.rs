@@ -66,7 +66,10 @@ async fn list_versions_and_activate_to_roll_back(pool: PgPool) {
     let versions = api.get("/v1/modules/count", OP).await;
     let versions = versions.ok(200)["modules"].as_array().unwrap().clone();
     assert_eq!(versions.len(), 2);
-    assert_eq!((versions[0]["version"].clone(), versions[0]["active"].clone()), (json!(2), json!(true)));
+    assert_eq!(
+        (versions[0]["version"].clone(), versions[0]["active"].clone()),
+        (json!(2), json!(true))
+    );
     assert_eq!(versions[1]["active"], false);
 
     let rolled = api.post("/v1/modules/count/activate", OP, &json!({"version": 1})).await;
@@ -75,8 +78,12 @@ async fn list_versions_and_activate_to_roll_back(pool: PgPool) {
     let versions = api.get("/v1/modules/count", OP).await;
     assert_eq!(versions.ok(200)["modules"][1]["active"], true);
 
-    api.post("/v1/modules/count/activate", OP, &json!({"version": 9})).await.expect(404, "not_found");
-    api.post("/v1/modules/ghost/activate", OP, &json!({"version": 1})).await.expect(404, "not_found");
+    api.post("/v1/modules/count/activate", OP, &json!({"version": 9}))
+        .await
+        .expect(404, "not_found");
+    api.post("/v1/modules/ghost/activate", OP, &json!({"version": 1}))
+        .await
+        .expect(404, "not_found");
     api.post("/v1/modules/count/activate", OP, &json!({"version": "one"}))
         .await
         .expect(400, "invalid_json");
@@ -122,7 +129,8 @@ async fn modules_that_break_the_guest_contract_are_422_and_say_why(pool: PgPool)
 
 #[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
 async fn size_content_type_and_parameters_are_checked(pool: PgPool) {
-    let api = api_with(&pool, AdminConfig { max_module_bytes: 64 * 1024, ..AdminConfig::default() });
+    let api =
+        api_with(&pool, AdminConfig { max_module_bytes: 64 * 1024, ..AdminConfig::default() });
     // Over the server limit: 413, whether the length is declared or not.
     let big = vec![0u8; 64 * 1024 + 1];
     api.put_wasm("/v1/modules/big", OP, &big).await.expect(413, "too_large");
@@ -135,16 +143,27 @@ async fn size_content_type_and_parameters_are_checked(pool: PgPool) {
     assert!(a.message().contains("100 bytes"), "{}", a.message());
     api.put_wasm("/v1/modules/t", Some(&small), &tiny_command()).await.ok(201);
 
-    let wrong_type = api.req("PUT", "/v1/modules/t", OP).body("application/octet-stream", tiny_command());
+    let wrong_type =
+        api.req("PUT", "/v1/modules/t", OP).body("application/octet-stream", tiny_command());
     api.send(wrong_type).await.expect(415, "unsupported_media_type");
     let no_type = api.req("PUT", "/v1/modules/t", OP).header("content-length", "0");
     api.send(no_type).await.expect(415, "unsupported_media_type");
 
-    for bad in ["fuel=-1", "fuel=0", "timeout_ms=abc", "memory_mb=1.5", "max_attempts=-3", "fule=1", "fuel=1&fuel=2"] {
+    for bad in [
+        "fuel=-1",
+        "fuel=0",
+        "timeout_ms=abc",
+        "memory_mb=1.5",
+        "max_attempts=-3",
+        "fule=1",
+        "fuel=1&fuel=2",
+    ] {
         let a = api.put_wasm(&format!("/v1/modules/t?{bad}"), OP, &tiny_command()).await;
         assert_eq!(a.status.as_u16(), 400, "{bad}: {}", a.text);
     }
-    api.put_wasm("/v1/modules/bad%2Ftype", OP, &tiny_command()).await.expect(400, "invalid_task_type");
+    api.put_wasm("/v1/modules/bad%2Ftype", OP, &tiny_command())
+        .await
+        .expect(400, "invalid_task_type");
 }
 
 #[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
@@ -159,7 +178,9 @@ async fn limits_above_runner_maxima_or_tenant_caps_are_422(pool: PgPool) {
     let capped = api.tenant("capped", caps).await;
     let put = |query: &'static str, token: String| {
         let api = &api;
-        async move { api.put_wasm(&format!("/v1/modules/t?{query}"), Some(&token), &tiny_command()).await }
+        async move {
+            api.put_wasm(&format!("/v1/modules/t?{query}"), Some(&token), &tiny_command()).await
+        }
     };
     let a = put("fuel=999999999999999", OPERATOR.into()).await;
     a.expect(422, "limit_too_high");
@@ -167,7 +188,9 @@ async fn limits_above_runner_maxima_or_tenant_caps_are_422(pool: PgPool) {
     put("timeout_ms=86400000", OPERATOR.into()).await.expect(422, "limit_too_high");
     put("memory_mb=100000", OPERATOR.into()).await.expect(422, "limit_too_high");
     put("max_attempts=100000", OPERATOR.into()).await.expect(422, "limit_too_high");
-    put("backoff_base_ms=100&backoff_cap_ms=10", OPERATOR.into()).await.expect(422, "invalid_backoff");
+    put("backoff_base_ms=100&backoff_cap_ms=10", OPERATOR.into())
+        .await
+        .expect(422, "invalid_backoff");
 
     let a = put("fuel=2000000", capped.clone()).await;
     a.expect(422, "limit_too_high");

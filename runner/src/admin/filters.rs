@@ -1,7 +1,7 @@
 //! The route table: which method and path go to which handler, with what authentication and
 //! body, and the one `recover` at the end.
 //!
-//! Invariants: every route matches method and path before it authenticates or reads a body
+//! Invariants: every route matches path, then method, before it authenticates or reads a body
 //! (so an unknown path costs nothing and answers 404); every `/v1` route and `/metrics`
 //! authenticate; a rejection from any route becomes a JSON error in [`recover`].
 
@@ -42,19 +42,19 @@ pub fn routes(
     let auth = || authenticate(state.clone());
     let json_limit = state.config().max_json_bytes;
 
-    let healthz = warp::get().and(warp::path!("healthz")).map(ops::healthz);
-    let readyz = warp::get()
-        .and(warp::path!("readyz"))
+    let healthz = warp::path!("healthz").and(warp::get()).map(ops::healthz);
+    let readyz = warp::path!("readyz")
+        .and(warp::get())
         .and(with(&state))
         .and_then(|state| async move { respond(ops::readyz(state).await) });
-    let metrics = warp::get()
-        .and(warp::path!("metrics"))
+    let metrics = warp::path!("metrics")
+        .and(warp::get())
         .and(with(&state))
         .and(auth())
         .and_then(|state, caller| async move { respond(ops::metrics(state, caller).await) });
 
-    let upload = warp::put()
-        .and(warp::path!("v1" / "modules" / String))
+    let upload = warp::path!("v1" / "modules" / String)
+        .and(warp::put())
         .and(with(&state))
         .and(auth())
         .and(query())
@@ -64,22 +64,22 @@ pub fn routes(
         .and_then(|task_type, state, caller, q, content_type, length, body| async move {
             respond(modules::upload(state, caller, task_type, q, content_type, length, body).await)
         });
-    let module_list = warp::get()
-        .and(warp::path!("v1" / "modules"))
+    let module_list = warp::path!("v1" / "modules")
+        .and(warp::get())
         .and(with(&state))
         .and(auth())
         .and(query())
         .and_then(|state, caller, q| async move { respond(modules::list(state, caller, q).await) });
-    let module_versions = warp::get()
-        .and(warp::path!("v1" / "modules" / String))
+    let module_versions = warp::path!("v1" / "modules" / String)
+        .and(warp::get())
         .and(with(&state))
         .and(auth())
         .and(query())
         .and_then(|task_type, state, caller, q| async move {
             respond(modules::versions(state, caller, task_type, q).await)
         });
-    let activate = warp::post()
-        .and(warp::path!("v1" / "modules" / String / "activate"))
+    let activate = warp::path!("v1" / "modules" / String / "activate")
+        .and(warp::post())
         .and(with(&state))
         .and(auth())
         .and(query())
@@ -88,8 +88,8 @@ pub fn routes(
             respond(modules::activate(state, caller, task_type, q, request).await)
         });
 
-    let enqueue = warp::post()
-        .and(warp::path!("v1" / "tasks"))
+    let enqueue = warp::path!("v1" / "tasks")
+        .and(warp::post())
         .and(with(&state))
         .and(auth())
         .and(query())
@@ -97,8 +97,8 @@ pub fn routes(
         .and_then(|state, caller, q, request| async move {
             respond(tasks::enqueue(state, caller, q, request).await)
         });
-    let batch = warp::post()
-        .and(warp::path!("v1" / "tasks" / "batch"))
+    let batch = warp::path!("v1" / "tasks" / "batch")
+        .and(warp::post())
         .and(with(&state))
         .and(auth())
         .and(query())
@@ -106,40 +106,40 @@ pub fn routes(
         .and_then(|state, caller, q, requests| async move {
             respond(tasks::enqueue_batch(state, caller, q, requests).await)
         });
-    let task_show = warp::get()
-        .and(warp::path!("v1" / "tasks" / TaskId))
+    let task_show = warp::path!("v1" / "tasks" / TaskId)
+        .and(warp::get())
         .and(with(&state))
         .and(auth())
         .and_then(|id, state, caller| async move { respond(tasks::show(state, caller, id).await) });
-    let cancel = warp::post()
-        .and(warp::path!("v1" / "tasks" / TaskId / "cancel"))
+    let cancel = warp::path!("v1" / "tasks" / TaskId / "cancel")
+        .and(warp::post())
         .and(with(&state))
         .and(auth())
         .and_then(
             |id, state, caller| async move { respond(tasks::cancel(state, caller, id).await) },
         );
 
-    let dead = warp::get()
-        .and(warp::path!("v1" / "dead"))
+    let dead = warp::path!("v1" / "dead")
+        .and(warp::get())
         .and(with(&state))
         .and(auth())
         .and(query())
         .and_then(|state, caller, q| async move { respond(ops::dead(state, caller, q).await) });
-    let requeue = warp::post()
-        .and(warp::path!("v1" / "dead" / TaskId / "requeue"))
+    let requeue = warp::path!("v1" / "dead" / TaskId / "requeue")
+        .and(warp::post())
         .and(with(&state))
         .and(auth())
         .and_then(
             |id, state, caller| async move { respond(ops::requeue(state, caller, id).await) },
         );
-    let stats = warp::get()
-        .and(warp::path!("v1" / "stats"))
+    let stats = warp::path!("v1" / "stats")
+        .and(warp::get())
         .and(with(&state))
         .and(auth())
         .and(query())
         .and_then(|state, caller, q| async move { respond(ops::stats(state, caller, q).await) });
     let tenants =
-        warp::get().and(warp::path!("v1" / "tenants")).and(with(&state)).and(auth()).and_then(
+        warp::path!("v1" / "tenants").and(warp::get()).and(with(&state)).and(auth()).and_then(
             |state, caller: Caller| async move { respond(ops::tenants(state, caller).await) },
         );
 

@@ -134,7 +134,8 @@ impl Api {
 
     /// Uploads module `file` as `task_type` with `token` and expects a new version.
     pub async fn upload(&self, token: &str, task_type: &str, file: &str) -> Value {
-        let a = self.put_wasm(&format!("/v1/modules/{task_type}"), Some(token), &module(file)).await;
+        let a =
+            self.put_wasm(&format!("/v1/modules/{task_type}"), Some(token), &module(file)).await;
         a.ok(201).clone()
     }
 

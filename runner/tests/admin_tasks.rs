@@ -1,0 +1,223 @@
+//! Task routes: enqueue (one, batch, dedup), show, cancel, and the dead-letter routes, with
+//! their bad inputs.
+
+mod admin_support;
+
+use admin_support::*;
+use serde_json::json;
+use sqlx::PgPool;
+use sweep::admin::AdminConfig;
+
+const OP: Option<&str> = Some(OPERATOR);
+
+async fn with_module(pool: &PgPool) -> Api {
+    let api = api(pool);
+    api.put_wasm("/v1/modules/count", OP, &module("wordcount")).await.ok(201);
+    api
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn enqueue_show_and_dedup(pool: PgPool) {
+    let api = with_module(&pool).await;
+    let body = json!({"task_type": "count", "payload": {"text": "a b"}, "priority": 3,
+                      "delay_ms": 60000, "max_attempts": 2, "dedup_key": "k1"});
+    let first = api.post("/v1/tasks", OP, &body).await;
+    let id = first.ok(201)["id"].as_i64().unwrap();
+    assert_eq!(first.json["created"], true);
+
+    let again = api.post("/v1/tasks", OP, &body).await;
+    assert_eq!(again.ok(200)["id"], id, "the live task holding the dedup key");
+    assert_eq!(again.json["created"], false);
+
+    let shown = api.get(&format!("/v1/tasks/{id}"), OP).await;
+    let t = shown.ok(200);
+    assert_eq!(t["state"], "pending");
+    assert_eq!(t["tenant"], "default");
+    assert_eq!(t["task_type"], "count");
+    assert_eq!(t["payload"], json!({"text": "a b"}));
+    assert_eq!((t["priority"].clone(), t["max_attempts"].clone()), (json!(3), json!(2)));
+    assert_eq!(t["attempts"], 0);
+    assert_eq!(t["errors"], json!([]));
+    assert!(t["result"].is_null());
+
+    // A module-less payload default and run_at also work.
+    let at = api
+        .post("/v1/tasks", OP, &json!({"task_type": "count", "run_at": "2030-01-01T00:00:00Z"}))
+        .await;
+    let at_id = at.ok(201)["id"].as_i64().unwrap();
+    let t = api.get(&format!("/v1/tasks/{at_id}"), OP).await;
+    assert_eq!(t.ok(200)["payload"], json!({}));
+
+    api.get("/v1/tasks/999999", OP).await.expect(404, "not_found");
+    api.get("/v1/tasks/not-a-number", OP).await.expect(404, "not_found");
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn bad_task_bodies_are_4xx_never_500(pool: PgPool) {
+    let api = with_module(&pool).await;
+    let raw = |content_type: &str, body: &str| {
+        api.req("POST", "/v1/tasks", OP).body(content_type, body.as_bytes().to_vec())
+    };
+    api.send(raw("application/json", "{\"task_type\": ")).await.expect(400, "invalid_json");
+    api.send(raw("application/json", "")).await.expect(400, "invalid_json");
+    api.send(raw("application/json", "[1, 2]")).await.expect(400, "invalid_json");
+    api.send(raw("text/plain", "{}")).await.expect(415, "unsupported_media_type");
+
+    let post = |body: serde_json::Value| {
+        let api = &api;
+        async move { api.post("/v1/tasks", OP, &body).await }
+    };
+    post(json!({"payload": {}})).await.expect(400, "invalid_json");
+    post(json!({"task_type": "count", "delay": 5})).await.expect(400, "invalid_json");
+    post(json!({"task_type": "count", "delay_ms": -5})).await.expect(400, "invalid_json");
+    post(json!({"task_type": "count", "priority": 1e20})).await.expect(400, "invalid_json");
+    post(json!({"task_type": "count", "run_at": "yesterday"})).await.expect(400, "invalid_json");
+
+    let unknown = post(json!({"task_type": "nope"})).await;
+    unknown.expect(422, "unknown_task_type");
+    assert!(unknown.message().contains("nope"));
+    post(json!({"task_type": "bad type!"})).await.expect(422, "invalid_task");
+    post(json!({"task_type": "count", "payload": [1]})).await.expect(422, "invalid_task");
+    post(json!({"task_type": "count", "payload": {"s": "nul\u{0}"}}))
+        .await
+        .expect(422, "invalid_task");
+    post(json!({"task_type": "count", "dedup_key": "a\u{0}b"})).await.expect(422, "invalid_task");
+    post(json!({"task_type": "count", "max_attempts": 0})).await.expect(422, "invalid_task");
+    post(json!({"task_type": "count", "run_at": "1970-01-01T00:00:00Z"}))
+        .await
+        .expect(422, "invalid_task");
+    post(json!({"task_type": "count", "delay_ms": 1, "run_at": "2030-01-01T00:00:00Z"}))
+        .await
+        .expect(422, "invalid_task");
+    post(json!({"task_type": "count", "dedup_key": ""})).await.expect(422, "invalid_task");
+
+    // Operator naming a tenant that does not exist; a bad tenant name.
+    api.post("/v1/tasks?tenant=ghost", OP, &json!({"task_type": "count"}))
+        .await
+        .expect(404, "not_found");
+    api.post("/v1/tasks?tenant=bad%20name", OP, &json!({"task_type": "count"}))
+        .await
+        .expect(400, "invalid_tenant");
+    api.post("/v1/tasks?bogus=1", OP, &json!({"task_type": "count"}))
+        .await
+        .expect(400, "unknown_parameter");
+
+    let stored: i64 =
+        sqlx::query_scalar("select count(*) from tasks").fetch_one(&pool).await.unwrap();
+    assert_eq!(stored, 0, "no bad request wrote anything");
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn request_bodies_are_size_limited(pool: PgPool) {
+    let api = api_with(&pool, AdminConfig { max_json_bytes: 1024, ..AdminConfig::default() });
+    api.put_wasm("/v1/modules/count", OP, &module("wordcount")).await.ok(201);
+    let big = json!({"task_type": "count", "payload": {"text": "x".repeat(2000)}});
+    api.post("/v1/tasks", OP, &big).await.expect(413, "too_large");
+    let small = json!({"task_type": "count", "payload": {"text": "x"}});
+    api.post("/v1/tasks", OP, &small).await.ok(201);
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn batches_are_all_or_nothing(pool: PgPool) {
+    let api = api_with(&pool, AdminConfig { max_batch: 3, ..AdminConfig::default() });
+    api.put_wasm("/v1/modules/count", OP, &module("wordcount")).await.ok(201);
+    let ok = api
+        .post(
+            "/v1/tasks/batch",
+            OP,
+            &json!([{"task_type": "count", "payload": {"text": "a"}},
+                    {"task_type": "count", "dedup_key": "d"},
+                    {"task_type": "count", "dedup_key": "d"}]),
+        )
+        .await;
+    let tasks = ok.ok(201)["tasks"].as_array().unwrap().clone();
+    assert_eq!(tasks.len(), 3);
+    assert_eq!(tasks[1]["id"], tasks[2]["id"], "one live task per dedup key");
+    assert_eq!(
+        (tasks[1]["created"].clone(), tasks[2]["created"].clone()),
+        (json!(true), json!(false))
+    );
+
+    let bad = api
+        .post(
+            "/v1/tasks/batch",
+            OP,
+            &json!([{"task_type": "count"}, {"task_type": "count", "payload": 7}]),
+        )
+        .await;
+    bad.expect(422, "invalid_task");
+    assert!(bad.message().starts_with("task 1:"), "{}", bad.message());
+    let missing = api
+        .post(
+            "/v1/tasks/batch",
+            OP,
+            &json!([{"task_type": "count"}, {"task_type": "a"}, {"task_type": "b"}]),
+        )
+        .await;
+    missing.expect(422, "unknown_task_type");
+    assert!(missing.message().contains("a, b"), "{}", missing.message());
+    let four = serde_json::Value::Array(vec![json!({"task_type": "count"}); 4]);
+    api.post("/v1/tasks/batch", OP, &four).await.expect(422, "batch_too_large");
+    api.post("/v1/tasks/batch", OP, &json!({"task_type": "count"}))
+        .await
+        .expect(400, "invalid_json");
+    assert_eq!(api.post("/v1/tasks/batch", OP, &json!([])).await.ok(201)["tasks"], json!([]));
+
+    let stored: i64 =
+        sqlx::query_scalar("select count(*) from tasks").fetch_one(&pool).await.unwrap();
+    assert_eq!(stored, 2, "only the good batch was written");
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn cancel_pending_then_conflict(pool: PgPool) {
+    let api = with_module(&pool).await;
+    let id = api.enqueue(OPERATOR, "count", json!({"text": "x"})).await;
+    let cancelled = api.post(&format!("/v1/tasks/{id}/cancel"), OP, &json!({})).await;
+    assert_eq!(cancelled.ok(200)["state"], "cancelled");
+    api.post(&format!("/v1/tasks/{id}/cancel"), OP, &json!({}))
+        .await
+        .expect(409, "not_cancellable");
+    api.post("/v1/tasks/424242/cancel", OP, &json!({})).await.expect(404, "not_found");
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn dead_tasks_list_in_pages_filter_and_requeue(pool: PgPool) {
+    let api = with_module(&pool).await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(make_dead(&pool, "default", if i % 2 == 0 { "count" } else { "other" }).await);
+    }
+    let page = api.get("/v1/dead?limit=2", OP).await;
+    let page = page.ok(200).clone();
+    let got: Vec<i64> =
+        page["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_i64().unwrap()).collect();
+    assert_eq!(got, ids[..2]);
+    assert_eq!(page["next_after"], ids[1]);
+    let rest = api.get(&format!("/v1/dead?limit=2&after={}", ids[3]), OP).await;
+    assert_eq!(rest.ok(200)["tasks"].as_array().unwrap().len(), 1);
+    assert!(rest.json["next_after"].is_null(), "last page");
+    let counts = api.get("/v1/dead?task_type=count", OP).await;
+    assert_eq!(counts.ok(200)["tasks"].as_array().unwrap().len(), 3);
+    assert_eq!(counts.json["tasks"][0]["errors"][0]["kind"], "trap");
+
+    for bad in ["limit=0", "limit=5000", "after=-1", "task_type=a%20b", "nope=1"] {
+        let a = api.get(&format!("/v1/dead?{bad}"), OP).await;
+        assert_eq!(a.status.as_u16(), 400, "{bad}: {}", a.text);
+    }
+
+    let requeued = api.post(&format!("/v1/dead/{}/requeue", ids[0]), OP, &json!({})).await;
+    assert_eq!(requeued.ok(200)["state"], "pending");
+    assert_eq!(requeued.json["errors"][0]["kind"], "trap", "history kept");
+    api.post(&format!("/v1/dead/{}/requeue", ids[0]), OP, &json!({}))
+        .await
+        .expect(404, "not_found");
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn unknown_routes_are_404_and_wrong_methods_405(pool: PgPool) {
+    let api = api(&pool);
+    api.get("/nope", OP).await.expect(404, "not_found");
+    api.get("/v1/nope", None).await.expect(404, "not_found");
+    api.send(api.req("DELETE", "/v1/tasks/1", OP)).await.expect(405, "method_not_allowed");
+    api.get("/v1/tasks", OP).await.expect(405, "method_not_allowed");
+}
