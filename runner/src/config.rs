@@ -7,6 +7,8 @@ use crate::{queue::RetryPolicy, sandbox::SandboxConfig};
 
 pub const DEFAULT_CONCURRENCY: usize = 16;
 pub const DEFAULT_BATCH_SIZE: usize = 50;
+/// Claim statements a runner keeps in flight at once.
+pub const DEFAULT_CLAIMERS: usize = 2;
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(10);
@@ -25,6 +27,8 @@ pub struct WorkerConfig {
     pub concurrency: usize,
     /// Most tasks claimed per statement.
     pub batch_size: usize,
+    /// Claim loops running side by side, so one claim's round trip does not idle the slots.
+    pub claimers: usize,
     /// How long a claim is leased; heartbeats renew it every third of this.
     pub lease: Duration,
     /// Backstop for NOTIFY wake-ups.
@@ -66,6 +70,7 @@ impl Default for WorkerConfig {
         WorkerConfig {
             concurrency: DEFAULT_CONCURRENCY,
             batch_size: DEFAULT_BATCH_SIZE,
+            claimers: DEFAULT_CLAIMERS,
             lease: DEFAULT_LEASE,
             poll_interval: DEFAULT_POLL_INTERVAL,
             grace_period: DEFAULT_GRACE_PERIOD,
@@ -103,6 +108,7 @@ impl WorkerConfig {
         for (name, value) in [
             ("concurrency", self.concurrency),
             ("batch_size", self.batch_size),
+            ("claimers", self.claimers),
             ("report_batch", self.report_batch),
             ("retention_batch", self.maintenance.retention_batch),
         ] {

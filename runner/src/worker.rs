@@ -70,6 +70,15 @@ pub struct Worker {
 /// The tasks currently executing, so a shutdown can abort and hand back what is left.
 type InFlight = Arc<Mutex<HashMap<TaskId, (i32, AbortHandle)>>>;
 
+/// What a claim lane shares with the others.
+struct Lane {
+    slots: Arc<Semaphore>,
+    reports: mpsc::UnboundedSender<Report>,
+    in_flight: InFlight,
+    wakeups: Arc<Wakeups>,
+    stop: watch::Receiver<bool>,
+}
+
 impl Worker {
     pub fn new(pool: PgPool, config: WorkerConfig) -> Result<Self, WorkerError> {
         config.validate()?;
@@ -94,7 +103,10 @@ impl Worker {
 
     /// Runs until `shutdown` resolves, then stops claiming, lets running tasks finish within
     /// the grace period, hands the rest back, flushes reports and deregisters.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<WorkerSummary, WorkerError> {
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<WorkerSummary, WorkerError> {
         let host = gethostname::gethostname().to_string_lossy().into_owned();
         queue::register_runner(&self.pool, self.id, &host, std::process::id()).await?;
         let wakeups = Wakeups::listen(&self.pool).await?;
@@ -123,61 +135,25 @@ impl Worker {
 
         let slots = Arc::new(Semaphore::new(self.config.concurrency));
         let in_flight: InFlight = Arc::default();
+        let wakeups = Arc::new(wakeups);
+        let (claim_stop_tx, claim_stop_rx) = watch::channel(false);
+        let lanes: Vec<_> = (0..self.config.claimers)
+            .map(|_| {
+                let lane = Lane {
+                    slots: Arc::clone(&slots),
+                    reports: report_tx.clone(),
+                    in_flight: Arc::clone(&in_flight),
+                    wakeups: Arc::clone(&wakeups),
+                    stop: claim_stop_rx.clone(),
+                };
+                tokio::spawn(self.clone().claim_loop(lane))
+            })
+            .collect();
+        shutdown.await;
+        let _ = claim_stop_tx.send(true);
         let mut summary = WorkerSummary::default();
-        tokio::pin!(shutdown);
-        loop {
-            // Wait for a free slot, or stop.
-            let first = tokio::select! {
-                biased;
-                () = &mut shutdown => break,
-                permit = Arc::clone(&slots).acquire_owned() => match permit {
-                    Ok(p) => p,
-                    Err(_) => break,
-                },
-            };
-            let mut permits = vec![first];
-            let extra = slots.available_permits().min(self.config.batch_size - 1);
-            if extra > 0 {
-                if let Ok(more) = Arc::clone(&slots).try_acquire_many_owned(extra as u32) {
-                    permits.push(more);
-                }
-            }
-            let want = permits.iter().map(|p| p.num_permits()).sum::<usize>();
-            let claimed = match queue::claim_batch(
-                &self.pool,
-                self.id,
-                want,
-                &self.config.task_types,
-                self.config.lease,
-            )
-            .await
-            {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "claim failed; retrying after the poll interval");
-                    drop(permits);
-                    tokio::select! {
-                        () = &mut shutdown => break,
-                        () = tokio::time::sleep(self.config.poll_interval) => continue,
-                    }
-                }
-            };
-            summary.claimed += claimed.len() as u64;
-            metrics::counter!(crate::metrics::TASKS_CLAIMED).increment(claimed.len() as u64);
-            let empty = claimed.is_empty();
-            let mut slots_for_tasks = split_permits(permits, claimed.len());
-            for task in claimed {
-                let Some(permit) = slots_for_tasks.pop() else { break };
-                self.spawn_task(task, permit, &report_tx, &in_flight);
-            }
-            drop(slots_for_tasks);
-            if empty {
-                tokio::select! {
-                    biased;
-                    () = &mut shutdown => break,
-                    _ = wakeups.wait(self.config.poll_interval) => {}
-                }
-            }
+        for lane in lanes {
+            summary.claimed += lane.await.unwrap_or(0);
         }
 
         tracing::info!(runner = %self.id, "stopping: no new claims, waiting for running tasks");
@@ -197,6 +173,71 @@ impl Worker {
         Ok(summary)
     }
 
+    /// One claim lane: waits for free slots, claims up to that many due tasks (at most a
+    /// batch), spawns each, and sleeps on NOTIFY or the poll interval when nothing is due.
+    /// Several lanes keep several claims in flight. Returns how many tasks it claimed.
+    async fn claim_loop(self, mut lane: Lane) -> u64 {
+        let mut claimed_total = 0;
+        loop {
+            let first = tokio::select! {
+                biased;
+                _ = lane.stop.changed() => break,
+                permit = Arc::clone(&lane.slots).acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let mut permits = vec![first];
+            let extra = lane.slots.available_permits().min(self.config.batch_size - 1);
+            if extra > 0 {
+                if let Ok(more) = Arc::clone(&lane.slots).try_acquire_many_owned(extra as u32) {
+                    permits.push(more);
+                }
+            }
+            let want = permits.iter().map(|p| p.num_permits()).sum::<usize>();
+            let claimed = match queue::claim_batch(
+                &self.pool,
+                self.id,
+                want,
+                &self.config.task_types,
+                self.config.lease,
+            )
+            .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claim failed; retrying after the poll interval");
+                    drop(permits);
+                    tokio::select! {
+                        _ = lane.stop.changed() => break,
+                        () = tokio::time::sleep(self.config.poll_interval) => continue,
+                    }
+                }
+            };
+            claimed_total += claimed.len() as u64;
+            metrics::counter!(crate::metrics::TASKS_CLAIMED).increment(claimed.len() as u64);
+            if claimed.len() == want && want == self.config.batch_size {
+                // A full batch: more is probably due; let an idle lane start claiming too.
+                lane.wakeups.wake();
+            }
+            let empty = claimed.is_empty();
+            let mut slots_for_tasks = split_permits(permits, claimed.len());
+            for task in claimed {
+                let Some(permit) = slots_for_tasks.pop() else { break };
+                self.spawn_task(task, permit, &lane.reports, &lane.in_flight);
+            }
+            drop(slots_for_tasks);
+            if empty {
+                tokio::select! {
+                    biased;
+                    _ = lane.stop.changed() => break,
+                    _ = lane.wakeups.wait(self.config.poll_interval) => {}
+                }
+            }
+        }
+        claimed_total
+    }
+
     fn spawn_task(
         &self,
         task: ClaimedTask,
@@ -212,7 +253,14 @@ impl Worker {
         // it was added.
         let mut map = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
         let handle = tokio::spawn(async move {
-            let report = execute::execute(&worker.pool, &worker.sandbox, &worker.modules, &worker.config, task).await;
+            let report = execute::execute(
+                &worker.pool,
+                &worker.sandbox,
+                &worker.modules,
+                &worker.config,
+                task,
+            )
+            .await;
             registry.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
             // The reporter outlives every task (it stops only when all senders are gone).
             let _ = reports.send(report);
@@ -237,7 +285,10 @@ impl Worker {
         }
         match queue::release_batch(&self.pool, self.id, &stuck).await {
             Ok(released) => {
-                tracing::warn!(count = released.len(), "grace period over: handed running tasks back");
+                tracing::warn!(
+                    count = released.len(),
+                    "grace period over: handed running tasks back"
+                );
                 released.len() as u64
             }
             Err(e) => {

@@ -36,6 +36,9 @@ pub struct WorkerArgs {
     /// Most tasks claimed per statement.
     #[arg(long, env = "SWEEP_BATCH_SIZE", default_value_t = sweep::config::DEFAULT_BATCH_SIZE)]
     pub batch_size: usize,
+    /// Claim statements kept in flight at once.
+    #[arg(long, env = "SWEEP_CLAIMERS", default_value_t = sweep::config::DEFAULT_CLAIMERS)]
+    pub claimers: usize,
     /// Lease length in seconds (renewed every third of it).
     #[arg(long, env = "SWEEP_LEASE_SECS", default_value_t = sweep::config::DEFAULT_LEASE.as_secs())]
     pub lease_secs: u64,
@@ -91,6 +94,7 @@ impl WorkerArgs {
         WorkerConfig {
             concurrency: self.concurrency,
             batch_size: self.batch_size,
+            claimers: self.claimers,
             lease: Duration::from_secs(self.lease_secs),
             poll_interval: Duration::from_millis(self.poll_ms),
             grace_period: Duration::from_secs(self.grace_secs),
@@ -123,6 +127,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
 /// Where `scripts/build-modules.sh` puts the Wasm modules.
 pub fn default_modules_dir() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
     target.join("wasm32-wasip1").join("wasm")
 }
