@@ -1,6 +1,8 @@
 //! Authentication and the operations routes: missing, malformed and wrong tokens; operator
 //! versus tenant; health, readiness, stats, tenants and Prometheus metrics.
 
+#![allow(clippy::unwrap_used)]
+
 mod admin_support;
 
 use admin_support::*;

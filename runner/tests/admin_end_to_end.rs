@@ -2,6 +2,8 @@
 //! uploaded over HTTP runs and its result is served back; two runners together keep a
 //! tenant under its running cap.
 
+#![allow(clippy::unwrap_used)]
+
 mod admin_support;
 
 use std::time::Duration;

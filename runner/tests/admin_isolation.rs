@@ -1,6 +1,8 @@
 //! Isolation between tenants on every route: another tenant's modules, tasks and dead tasks
 //! answer exactly as absent ones do; the operator sees and acts on all of them.
 
+#![allow(clippy::unwrap_used)]
+
 mod admin_support;
 
 use admin_support::*;

@@ -1,6 +1,8 @@
 //! Module routes: upload (with every way it can be refused), idempotent re-upload, versions,
 //! listing and activation (rollback).
 
+#![allow(clippy::unwrap_used)]
+
 mod admin_support;
 
 use admin_support::*;

@@ -3,6 +3,8 @@
 //! flood does not keep other tenants' work from being claimed, and uncapped tenants are
 //! untouched.
 
+#![allow(clippy::unwrap_used)]
+
 use std::sync::{
     atomic::{AtomicI64, Ordering},
     Arc,

@@ -1,6 +1,8 @@
 //! Task routes: enqueue (one, batch, dedup), show, cancel, and the dead-letter routes, with
 //! their bad inputs.
 
+#![allow(clippy::unwrap_used)]
+
 mod admin_support;
 
 use admin_support::*;

@@ -157,5 +157,13 @@ pub fn routes(
         .unify()
         .recover(recover)
         .unify()
-        .with(warp::trace::request())
+        .with(warp::log::custom(|info| {
+            let (method, path, status) = (info.method(), info.path(), info.status().as_u16());
+            let elapsed_ms = info.elapsed().as_secs_f64() * 1000.0;
+            if status >= 500 {
+                tracing::warn!(%method, path, status, elapsed_ms, "admin API request failed");
+            } else {
+                tracing::debug!(%method, path, status, elapsed_ms, "admin API request");
+            }
+        }))
 }

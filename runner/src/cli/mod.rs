@@ -5,6 +5,7 @@
 //! commands (`tenant`, `module`, `enqueue`, `task`, `stats`, `dead`) talk to the admin API.
 
 mod bench;
+mod client;
 mod demo;
 mod serve;
 
@@ -34,6 +35,24 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// End-to-end benchmarks of a runner on a fresh database (throughput, wake-up latency).
     Bench(bench::BenchArgs),
+    /// Serve the admin API alone (no runner) until SIGINT/SIGTERM.
+    Admin(client::AdminArgs),
+    /// Create or list tenants (operator; talks to Postgres directly).
+    #[command(subcommand)]
+    Tenant(client::TenantCommand),
+    /// Upload, list and activate handler modules.
+    #[command(subcommand)]
+    Module(client::ModuleCommand),
+    /// Enqueue a task.
+    Enqueue(client::EnqueueArgs),
+    /// Show or cancel a task.
+    #[command(subcommand)]
+    Task(client::TaskCommand),
+    /// Queue statistics per task type, and the runners.
+    Stats(client::StatsArgs),
+    /// List or requeue dead tasks.
+    #[command(subcommand)]
+    Dead(client::DeadCommand),
 }
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
@@ -42,5 +61,12 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => serve::run(args).await,
         Command::Demo(args) => demo::demo(args).await,
         Command::Bench(args) => bench::bench(args).await,
+        Command::Admin(args) => client::admin(args).await,
+        Command::Tenant(command) => client::tenant(command).await,
+        Command::Module(command) => client::module(command).await,
+        Command::Enqueue(args) => client::enqueue(args).await,
+        Command::Task(command) => client::task(command).await,
+        Command::Stats(args) => client::stats(args).await,
+        Command::Dead(command) => client::dead(command).await,
     }
 }

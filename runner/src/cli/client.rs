@@ -1,0 +1,542 @@
+//! Client commands: `module`, `enqueue`, `task`, `stats`, `dead` talk to the admin API over
+//! HTTP (`--url`/`SWEEP_URL`, `--token`/`SWEEP_TOKEN`) and print tables, or the API's JSON
+//! with `--json`. `admin` and `tenant` (in `operator`) work on the database directly.
+//!
+//! Invariant: the client adds nothing the API does not check itself; an API error is printed
+//! as the API worded it, with its code.
+
+mod operator;
+mod print;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use reqwest::{Method, RequestBuilder};
+use serde_json::{json, Value};
+
+// `AdminServerArgs` is for `sweep run` too, which serves the API next to its runner.
+#[allow(unused_imports)]
+pub use operator::{admin, tenant, AdminArgs, AdminServerArgs, TenantCommand};
+
+/// Where and as whom to call the admin API.
+#[derive(Debug, clap::Args)]
+pub struct ClientArgs {
+    /// Base URL of the admin API.
+    #[arg(long, env = "SWEEP_URL", default_value = "http://127.0.0.1:7070")]
+    pub url: String,
+    /// API token: a tenant's, or the operator's.
+    #[arg(long, env = "SWEEP_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+struct Api {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+    json: bool,
+}
+
+impl Api {
+    fn new(args: ClientArgs) -> anyhow::Result<Api> {
+        let Some(token) = args.token.filter(|t| !t.is_empty()) else {
+            bail!("no API token: pass --token or set SWEEP_TOKEN (tenant tokens come from `sweep tenant create`)");
+        };
+        Ok(Api {
+            http: reqwest::Client::new(),
+            url: args.url.trim_end_matches('/').to_owned(),
+            token,
+            json: args.json,
+        })
+    }
+
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.http.request(method, format!("{}{path}", self.url)).bearer_auth(&self.token)
+    }
+
+    /// Sends `request` and returns the JSON answer, or the API's error as the error.
+    async fn send(&self, request: RequestBuilder) -> anyhow::Result<Value> {
+        let response = request.send().await.with_context(|| {
+            format!(
+                "cannot reach the admin API at {} (is `sweep run` or `sweep admin` running?)",
+                self.url
+            )
+        })?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if status.is_success() {
+            return Ok(body);
+        }
+        match (body["error"]["message"].as_str(), body["error"]["code"].as_str()) {
+            (Some(message), Some(code)) => bail!("{message} ({status}, {code})"),
+            _ => bail!("the admin API answered {status}"),
+        }
+    }
+
+    /// Prints `value` as JSON when `--json` was given; true if it did.
+    fn printed_json(&self, value: &Value) -> bool {
+        if self.json {
+            println!("{}", print::pretty(value));
+        }
+        self.json
+    }
+}
+
+/// `?tenant=` for operators acting on a tenant.
+fn tenant_query(tenant: &Option<String>) -> Vec<(&'static str, String)> {
+    tenant.iter().map(|t| ("tenant", t.clone())).collect()
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ModuleCommand {
+    /// Upload a compiled handler (.wasm) as the new active version of a task type.
+    Upload(UploadArgs),
+    /// List active modules, or every version of one task type.
+    List {
+        /// Show this task type's versions.
+        task_type: Option<String>,
+        /// Every version of every task type, not just the active ones.
+        #[arg(long)]
+        all: bool,
+        /// (Operator) only this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Make an uploaded version the active one (rollback or roll forward).
+    Activate {
+        task_type: String,
+        version: i32,
+        /// (Operator) the tenant whose module this is.
+        #[arg(long)]
+        tenant: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UploadArgs {
+    /// Task type the module handles.
+    pub task_type: String,
+    /// The module, built for wasm32-wasip1.
+    pub file: PathBuf,
+    /// Fuel per task (default: the runner's).
+    #[arg(long)]
+    pub fuel: Option<u64>,
+    /// Wall-clock limit per task, in milliseconds.
+    #[arg(long)]
+    pub timeout_ms: Option<u64>,
+    /// Memory limit per task, in MiB.
+    #[arg(long)]
+    pub memory_mb: Option<u64>,
+    /// Attempts before a task dies (for tasks that do not set their own).
+    #[arg(long)]
+    pub max_attempts: Option<u64>,
+    /// First retry delay in milliseconds (doubles per attempt).
+    #[arg(long)]
+    pub backoff_base_ms: Option<u64>,
+    /// Longest retry delay in milliseconds.
+    #[arg(long)]
+    pub backoff_cap_ms: Option<u64>,
+    /// (Operator) upload for this tenant instead of `default`.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+pub async fn module(command: ModuleCommand) -> anyhow::Result<()> {
+    match command {
+        ModuleCommand::Upload(args) => upload(args).await,
+        ModuleCommand::List { task_type, all, tenant, client } => {
+            let api = Api::new(client)?;
+            let mut query = tenant_query(&tenant);
+            let path = match &task_type {
+                Some(t) => format!("/v1/modules/{t}"),
+                None => {
+                    if all {
+                        query.push(("all", "true".into()));
+                    }
+                    "/v1/modules".to_owned()
+                }
+            };
+            let answer = api.send(api.request(Method::GET, &path).query(&query)).await?;
+            if !api.printed_json(&answer) {
+                print_modules(&answer);
+            }
+            Ok(())
+        }
+        ModuleCommand::Activate { task_type, version, tenant, client } => {
+            let api = Api::new(client)?;
+            let request = api
+                .request(Method::POST, &format!("/v1/modules/{task_type}/activate"))
+                .query(&tenant_query(&tenant))
+                .json(&json!({ "version": version }));
+            let answer = api.send(request).await?;
+            if !api.printed_json(&answer) {
+                println!(
+                    "{task_type}: version {} is active (sha256 {})",
+                    answer["version"],
+                    print::cell(&answer["sha256"])
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn upload(args: UploadArgs) -> anyhow::Result<()> {
+    let bytes =
+        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let api = Api::new(args.client)?;
+    let mut query = tenant_query(&args.tenant);
+    for (name, value) in [
+        ("fuel", args.fuel),
+        ("timeout_ms", args.timeout_ms),
+        ("memory_mb", args.memory_mb),
+        ("max_attempts", args.max_attempts),
+        ("backoff_base_ms", args.backoff_base_ms),
+        ("backoff_cap_ms", args.backoff_cap_ms),
+    ] {
+        if let Some(v) = value {
+            query.push((name, v.to_string()));
+        }
+    }
+    let request = api
+        .request(Method::PUT, &format!("/v1/modules/{}", args.task_type))
+        .query(&query)
+        .header(reqwest::header::CONTENT_TYPE, "application/wasm")
+        .body(bytes);
+    let a = api.send(request).await?;
+    if api.printed_json(&a) {
+        return Ok(());
+    }
+    let verb = if a["created"] == true { "uploaded" } else { "unchanged, re-activated" };
+    println!(
+        "{verb}: {}/{} version {} ({}, sha256 {})",
+        print::cell(&a["tenant"]),
+        print::cell(&a["task_type"]),
+        a["version"],
+        print::bytes(a["size"].as_u64().unwrap_or(0)),
+        print::short(&print::cell(&a["sha256"]), 16),
+    );
+    let l = &a["limits"];
+    println!(
+        "limits: fuel {}, timeout {}, memory {}, output {}, max_attempts {}",
+        l["fuel"],
+        print::millis(l["timeout_ms"].as_i64().unwrap_or(0)),
+        print::bytes(l["memory_bytes"].as_u64().unwrap_or(0)),
+        print::bytes(l["output_bytes"].as_u64().unwrap_or(0)),
+        l["max_attempts"],
+    );
+    Ok(())
+}
+
+fn print_modules(answer: &Value) {
+    let empty = Vec::new();
+    let rows: Vec<Vec<String>> = answer["modules"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|m| {
+            vec![
+                print::cell(&m["tenant"]),
+                print::cell(&m["task_type"]),
+                print::cell(&m["version"]),
+                if m["active"] == true { "*".into() } else { String::new() },
+                print::bytes(m["size"].as_u64().unwrap_or(0)),
+                print::short(&print::cell(&m["sha256"]), 13),
+                print::time(&m["created_at"]),
+            ]
+        })
+        .collect();
+    print::table(&["TENANT", "TASK_TYPE", "VERSION", "ACTIVE", "SIZE", "SHA256", "CREATED"], &rows);
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EnqueueArgs {
+    pub task_type: String,
+    /// The payload, a JSON object (`-` reads it from stdin). Default `{}`.
+    pub payload: Option<String>,
+    /// Higher runs first; negative is deferred work.
+    #[arg(long, allow_hyphen_values = true)]
+    pub priority: Option<i32>,
+    /// Run no sooner than this many milliseconds from now.
+    #[arg(long, conflicts_with = "run_at")]
+    pub delay_ms: Option<u64>,
+    /// Run no sooner than this RFC 3339 time.
+    #[arg(long)]
+    pub run_at: Option<String>,
+    /// Attempts before the task dies (default: the module's, else 5).
+    #[arg(long)]
+    pub max_attempts: Option<i32>,
+    /// While a task with this key is live, enqueueing the key again returns that task.
+    #[arg(long)]
+    pub dedup_key: Option<String>,
+    /// (Operator) enqueue for this tenant instead of `default`.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+pub async fn enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
+    let payload: Value = match args.payload.as_deref() {
+        None => json!({}),
+        Some("-") => serde_json::from_reader(std::io::stdin().lock())
+            .context("reading the payload from stdin")?,
+        Some(text) => serde_json::from_str(text).context("the payload is not valid JSON")?,
+    };
+    let mut body = json!({ "task_type": args.task_type, "payload": payload });
+    for (key, value) in [
+        ("priority", args.priority.map(Value::from)),
+        ("delay_ms", args.delay_ms.map(Value::from)),
+        ("run_at", args.run_at.map(Value::from)),
+        ("max_attempts", args.max_attempts.map(Value::from)),
+        ("dedup_key", args.dedup_key.map(Value::from)),
+    ] {
+        if let Some(v) = value {
+            body[key] = v;
+        }
+    }
+    let api = Api::new(args.client)?;
+    let request =
+        api.request(Method::POST, "/v1/tasks").query(&tenant_query(&args.tenant)).json(&body);
+    let a = api.send(request).await?;
+    if !api.printed_json(&a) {
+        if a["created"] == true {
+            println!("enqueued task {}", a["id"]);
+        } else {
+            println!("task {} already holds this dedup key; nothing new was enqueued", a["id"]);
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum TaskCommand {
+    /// Show a task: state, attempts, error history, result.
+    Show {
+        id: i64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Cancel a pending or retrying task.
+    Cancel {
+        id: i64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+pub async fn task(command: TaskCommand) -> anyhow::Result<()> {
+    let (id, client, path) = match command {
+        TaskCommand::Show { id, client } => (id, client, format!("/v1/tasks/{id}")),
+        TaskCommand::Cancel { id, client } => (id, client, format!("/v1/tasks/{id}/cancel")),
+    };
+    let api = Api::new(client)?;
+    let method = if path.ends_with("/cancel") { Method::POST } else { Method::GET };
+    let t = api.send(api.request(method, &path)).await?;
+    if !api.printed_json(&t) {
+        print_task(id, &t);
+    }
+    Ok(())
+}
+
+fn print_task(id: i64, t: &Value) {
+    println!("task {id}: {}", print::cell(&t["state"]));
+    for key in [
+        "tenant",
+        "task_type",
+        "priority",
+        "attempts",
+        "max_attempts",
+        "run_at",
+        "started_at",
+        "finished_at",
+        "dedup_key",
+        "module_sha256",
+        "created_at",
+    ] {
+        if let Some(v) = t.get(key).filter(|v| !v.is_null()) {
+            println!("  {key:<14}{}", print::cell(v));
+        }
+    }
+    println!("  payload       {}", t["payload"]);
+    let empty = Vec::new();
+    let errors = t["errors"].as_array().unwrap_or(&empty);
+    if !errors.is_empty() {
+        println!("errors:");
+        for e in errors {
+            println!(
+                "  attempt {} {}: {}",
+                print::cell(&e["attempt"]),
+                print::cell(&e["kind"]),
+                print::short(&print::cell(&e["message"]), 200)
+            );
+        }
+    }
+    if !t["result"].is_null() {
+        println!("result:\n{}", print::pretty(&t["result"]));
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StatsArgs {
+    /// (Operator) only this tenant.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+pub async fn stats(args: StatsArgs) -> anyhow::Result<()> {
+    let api = Api::new(args.client)?;
+    let s =
+        api.send(api.request(Method::GET, "/v1/stats").query(&tenant_query(&args.tenant))).await?;
+    if api.printed_json(&s) {
+        return Ok(());
+    }
+    let empty = Vec::new();
+    let rows: Vec<Vec<String>> = s["types"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|t| {
+            let mut row: Vec<String> = [
+                "tenant",
+                "task_type",
+                "pending",
+                "running",
+                "retrying",
+                "succeeded",
+                "cancelled",
+                "dead",
+            ]
+            .iter()
+            .map(|k| print::cell(&t[*k]))
+            .collect();
+            row.push(print::millis(t["oldest_due_ms"].as_i64().unwrap_or(0)));
+            row.push(print::cell(&t["failures_last_hour"]));
+            row.push(print::cell(&t["completed_last_minute"]));
+            row
+        })
+        .collect();
+    print::table(
+        &[
+            "TENANT",
+            "TASK_TYPE",
+            "PENDING",
+            "RUNNING",
+            "RETRYING",
+            "SUCCEEDED",
+            "CANCELLED",
+            "DEAD",
+            "OLDEST_DUE",
+            "FAILED/1H",
+            "DONE/1M",
+        ],
+        &rows,
+    );
+    let runners: Vec<Vec<String>> = s["runners"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|r| {
+            vec![
+                print::cell(&r["id"]),
+                print::cell(r.get("host").unwrap_or(&Value::Null)),
+                print::cell(r.get("pid").unwrap_or(&Value::Null)),
+                print::time(&r["started_at"]),
+                print::millis(r["heartbeat_age_ms"].as_i64().unwrap_or(0)),
+            ]
+        })
+        .collect();
+    println!();
+    print::table(&["RUNNER", "HOST", "PID", "STARTED", "HEARTBEAT_AGE"], &runners);
+    Ok(())
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum DeadCommand {
+    /// List dead tasks in id order, a page at a time.
+    List {
+        /// Only this task type.
+        #[arg(long)]
+        task_type: Option<String>,
+        /// Start after this task id (the previous page's `next`).
+        #[arg(long)]
+        after: Option<u64>,
+        /// Page size (at most 1000).
+        #[arg(long, default_value_t = 50)]
+        limit: u64,
+        /// (Operator) only this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Put a dead task back in the queue (attempts reset, history kept).
+    Requeue {
+        id: i64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+pub async fn dead(command: DeadCommand) -> anyhow::Result<()> {
+    match command {
+        DeadCommand::List { task_type, after, limit, tenant, client } => {
+            let api = Api::new(client)?;
+            let mut query = tenant_query(&tenant);
+            query.push(("limit", limit.to_string()));
+            if let Some(t) = task_type {
+                query.push(("task_type", t));
+            }
+            if let Some(a) = after {
+                query.push(("after", a.to_string()));
+            }
+            let page = api.send(api.request(Method::GET, "/v1/dead").query(&query)).await?;
+            if api.printed_json(&page) {
+                return Ok(());
+            }
+            let empty = Vec::new();
+            let rows: Vec<Vec<String>> = page["tasks"]
+                .as_array()
+                .unwrap_or(&empty)
+                .iter()
+                .map(|t| {
+                    vec![
+                        print::cell(&t["id"]),
+                        print::cell(&t["tenant"]),
+                        print::cell(&t["task_type"]),
+                        print::cell(&t["attempts"]),
+                        print::cell(&t["reason"]),
+                        print::time(&t["died_at"]),
+                        print::short(&print::cell(&t["last_error"]), 60),
+                    ]
+                })
+                .collect();
+            print::table(
+                &["ID", "TENANT", "TASK_TYPE", "ATTEMPTS", "REASON", "DIED", "LAST_ERROR"],
+                &rows,
+            );
+            if !page["next_after"].is_null() {
+                println!("more: --after {}", page["next_after"]);
+            }
+            Ok(())
+        }
+        DeadCommand::Requeue { id, client } => {
+            let api = Api::new(client)?;
+            let t = api.send(api.request(Method::POST, &format!("/v1/dead/{id}/requeue"))).await?;
+            if !api.printed_json(&t) {
+                println!("task {id} requeued: {}", print::cell(&t["state"]));
+            }
+            Ok(())
+        }
+    }
+}
