@@ -58,7 +58,7 @@ async fn enqueue_show_and_dedup(pool: PgPool) {
 async fn bad_task_bodies_are_4xx_never_500(pool: PgPool) {
     let api = with_module(&pool).await;
     let raw = |content_type: &str, body: &str| {
-        api.req("POST", "/v1/tasks", OP).body(content_type, body.as_bytes().to_vec())
+        api.req("POST", "/v1/tasks", OP).body(content_type, body.as_bytes())
     };
     api.send(raw("application/json", "{\"task_type\": ")).await.expect(400, "invalid_json");
     api.send(raw("application/json", "")).await.expect(400, "invalid_json");
