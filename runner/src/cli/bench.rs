@@ -173,9 +173,12 @@ async fn latency(pool: &PgPool, n: usize, rate: u32, args: &WorkerArgs) -> anyho
     tokio::time::sleep(Duration::from_millis(500)).await;
     let bar = ProgressBar::new(n as u64);
     let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
+    // When each enqueue's commit was acknowledged, on the same host clock Postgres uses.
+    let mut acked = Vec::with_capacity(n);
     for i in 0..n {
         tick.tick().await;
-        queue::enqueue(pool, NewTask::new("noop", json!({ "i": i }))).await?;
+        let id = queue::enqueue(pool, NewTask::new("noop", json!({ "i": i }))).await?.id;
+        acked.push((id, chrono::Utc::now()));
         bar.inc(1);
     }
     while queue::bench_support::count_unfinished(pool).await? > 0 {
@@ -185,7 +188,27 @@ async fn latency(pool: &PgPool, n: usize, rate: u32, args: &WorkerArgs) -> anyho
     let _ = stop.send(());
     runner.await??;
     println!("{n} tasks enqueued one at a time at {rate}/s into an idle queue");
-    print_latency("wake-up (enqueue commit to start)", pool).await
+    print_latency("enqueue statement start to attempt start (includes the enqueue's commit)", pool)
+        .await?;
+    let ids: Vec<i64> = acked.iter().map(|(id, _)| *id).collect();
+    let started = queue::bench_support::started_at(pool, &ids).await?;
+    let mut waits: Vec<f64> = acked
+        .iter()
+        .zip(started)
+        .filter_map(|((_, ack), (_, start))| start.map(|s| (s - *ack).as_seconds_f64()))
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    let at = |q: f64| waits.get(((waits.len() as f64 - 1.0) * q).round() as usize).copied();
+    if let (Some(p50), Some(p95), Some(p99)) = (at(0.5), at(0.95), at(0.99)) {
+        println!(
+            "commit acknowledged to attempt start (the wake-up path): p50 {:.2} ms  p95 {:.2} ms  \
+             p99 {:.2} ms",
+            p50 * 1000.0,
+            p95 * 1000.0,
+            p99 * 1000.0
+        );
+    }
+    Ok(())
 }
 
 async fn print_latency(what: &str, pool: &PgPool) -> anyhow::Result<()> {

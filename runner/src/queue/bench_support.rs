@@ -59,3 +59,14 @@ pub async fn start_latency_percentiles<'c, E: PgExecutor<'c>>(
     .await?;
     Ok(values.unwrap_or_else(|| vec![0.0; fractions.len()]))
 }
+
+/// When each of `ids` last started (`None` if it never did).
+pub async fn started_at<'c, E: PgExecutor<'c>>(
+    executor: E,
+    ids: &[i64],
+) -> Result<Vec<(i64, Option<chrono::DateTime<chrono::Utc>>)>, QueueError> {
+    Ok(sqlx::query_as(r#"select id, started_at from tasks where id = any($1) order by id"#)
+        .bind(ids)
+        .fetch_all(executor)
+        .await?)
+}
