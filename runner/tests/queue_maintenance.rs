@@ -91,7 +91,13 @@ async fn retention_deletes_old_finished_tasks_in_batches(pool: PgPool) {
     let done: Vec<_> = claimed
         .iter()
         .take(20)
-        .map(|c| Completion { id: c.id, attempt: 1, result: json!({}), module_sha256: None, logs: None })
+        .map(|c| Completion {
+            id: c.id,
+            attempt: 1,
+            result: json!({}),
+            module_sha256: None,
+            logs: None,
+        })
         .collect();
     queue::complete_batch(&pool, runner, &done).await.unwrap();
     queue::cancel(&pool, None, *ids.last().unwrap()).await.unwrap();
@@ -126,7 +132,13 @@ async fn stats_count_by_tenant_type_and_state(pool: PgPool) {
         claimed.iter().partition(|c| c.task_type == "a" && c.payload["n"] != 2);
     let done: Vec<_> = done
         .iter()
-        .map(|c| Completion { id: c.id, attempt: 1, result: json!({}), module_sha256: None, logs: None })
+        .map(|c| Completion {
+            id: c.id,
+            attempt: 1,
+            result: json!({}),
+            module_sha256: None,
+            logs: None,
+        })
         .collect();
     queue::complete_batch(&pool, runner, &done).await.unwrap();
     let failures: Vec<_> = failed

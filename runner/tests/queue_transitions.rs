@@ -25,7 +25,13 @@ fn failure(c: &ClaimedTask, permanent: bool, delay: Duration) -> Failure {
 }
 
 fn success(c: &ClaimedTask, result: Value) -> Completion {
-    Completion { id: c.id, attempt: c.attempt, result, module_sha256: Some("sha".into()), logs: None }
+    Completion {
+        id: c.id,
+        attempt: c.attempt,
+        result,
+        module_sha256: Some("sha".into()),
+        logs: None,
+    }
 }
 
 #[sqlx::test(migrator = "sweep::queue::MIGRATOR")]

@@ -21,11 +21,19 @@ fn running(t: &queue::TaskView) -> bool {
 #[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
 async fn runaway_guests_do_not_starve_a_healthy_task(pool: PgPool) {
     // Limits far beyond the test's life: only the runner's fairness lets the healthy task in.
-    let long = ModuleSettings { fuel: Some(200_000_000_000), timeout_ms: Some(120_000), ..Default::default() };
+    let long = ModuleSettings {
+        fuel: Some(200_000_000_000),
+        timeout_ms: Some(120_000),
+        ..Default::default()
+    };
     register(&pool, "spin", "spinloop", long).await;
     register(&pool, "nap", "sleep", long).await;
     register(&pool, "wordcount", "wordcount", ModuleSettings::default()).await;
-    let config = sweep::config::WorkerConfig { concurrency: 3, grace_period: Duration::from_millis(100), ..test_config() };
+    let config = sweep::config::WorkerConfig {
+        concurrency: 3,
+        grace_period: Duration::from_millis(100),
+        ..test_config()
+    };
     let runner = start_worker(&pool, config);
 
     let spin = queue::enqueue(&pool, NewTask::new("spin", json!({}))).await.unwrap().id;
@@ -33,7 +41,10 @@ async fn runaway_guests_do_not_starve_a_healthy_task(pool: PgPool) {
     wait_for(&pool, spin, "running", running).await;
     wait_for(&pool, nap, "running", running).await;
 
-    let healthy = queue::enqueue(&pool, NewTask::new("wordcount", json!({"text": "still here"}))).await.unwrap().id;
+    let healthy = queue::enqueue(&pool, NewTask::new("wordcount", json!({"text": "still here"})))
+        .await
+        .unwrap()
+        .id;
     let t = wait_settled(&pool, healthy).await;
     assert_eq!(t.state, TaskState::Succeeded);
     assert_eq!(state(&pool, spin).await, TaskState::Running, "the spinner still holds its slot");
@@ -50,15 +61,33 @@ async fn runaway_guests_do_not_starve_a_healthy_task(pool: PgPool) {
 
 #[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
 async fn a_runner_killed_mid_task_has_its_task_finished_by_another(pool: PgPool) {
-    register(&pool, "nap", "sleep", ModuleSettings { timeout_ms: Some(120_000), ..Default::default() }).await;
-    let id = queue::enqueue(&pool, NewTask::new("nap", json!({"wake_on_attempt": 2}))).await.unwrap().id;
+    register(
+        &pool,
+        "nap",
+        "sleep",
+        ModuleSettings { timeout_ms: Some(120_000), ..Default::default() },
+    )
+    .await;
+    let id =
+        queue::enqueue(&pool, NewTask::new("nap", json!({"wake_on_attempt": 2}))).await.unwrap().id;
 
     // A real `sweep run` process takes the task and hangs in it.
-    let db: String = sqlx::query_scalar("select current_database()").fetch_one(&pool).await.unwrap();
+    let db: String =
+        sqlx::query_scalar("select current_database()").fetch_one(&pool).await.unwrap();
     let server = std::env::var("DATABASE_URL").expect("DATABASE_URL");
     let url = format!("{}/{db}", &server[..server.rfind('/').expect("a database url")]);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sweep"))
-        .args(["run", "--database-url", &url, "--lease-secs", "3", "--poll-ms", "50", "--concurrency", "2"])
+        .args([
+            "run",
+            "--database-url",
+            &url,
+            "--lease-secs",
+            "3",
+            "--poll-ms",
+            "50",
+            "--concurrency",
+            "2",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -69,10 +98,17 @@ async fn a_runner_killed_mid_task_has_its_task_finished_by_another(pool: PgPool)
 
     child.kill().await.expect("SIGKILL"); // no chance to hand anything back
     child.wait().await.expect("reaped");
-    assert_eq!(state(&pool, id).await, TaskState::Running, "the dead runner's lease is still there");
+    assert_eq!(
+        state(&pool, id).await,
+        TaskState::Running,
+        "the dead runner's lease is still there"
+    );
 
     let config = sweep::config::WorkerConfig {
-        maintenance: MaintenanceConfig { reaper_interval: Duration::from_millis(100), ..MaintenanceConfig::default() },
+        maintenance: MaintenanceConfig {
+            reaper_interval: Duration::from_millis(100),
+            ..MaintenanceConfig::default()
+        },
         ..test_config()
     };
     let rescuer = start_worker(&pool, config);

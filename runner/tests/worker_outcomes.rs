@@ -21,15 +21,27 @@ async fn handler_output_is_stored_as_the_result(pool: PgPool) {
     assert_eq!(t.state, TaskState::Succeeded, "{t:#?}");
     assert_eq!(t.result, Some(json!({"words": 3, "lines": 1, "chars": 5, "top": [["a", 2]]})));
     assert_eq!(t.module_sha256, Some(sha), "the task records which module ran it");
-    assert_eq!(t.logs.as_deref().map(str::trim), Some("counted 3 words in 1 lines"), "stderr is kept");
+    assert_eq!(
+        t.logs.as_deref().map(str::trim),
+        Some("counted 3 words in 1 lines"),
+        "stderr is kept"
+    );
     runner.stop().await;
 }
 
 /// (task type, module, settings, payload, expected kind of every attempt, max_attempts)
-fn misbehaving() -> Vec<(&'static str, &'static str, ModuleSettings, serde_json::Value, &'static str, i32)> {
+fn misbehaving(
+) -> Vec<(&'static str, &'static str, ModuleSettings, serde_json::Value, &'static str, i32)> {
     let s = ModuleSettings::default;
     vec![
-        ("oof", "spinloop", ModuleSettings { fuel: Some(1_000_000), ..s() }, json!({}), "out_of_fuel", 2),
+        (
+            "oof",
+            "spinloop",
+            ModuleSettings { fuel: Some(1_000_000), ..s() },
+            json!({}),
+            "out_of_fuel",
+            2,
+        ),
         (
             "spin-timeout",
             "spinloop",
@@ -38,8 +50,22 @@ fn misbehaving() -> Vec<(&'static str, &'static str, ModuleSettings, serde_json:
             "timeout",
             1,
         ),
-        ("sleeper", "sleep", ModuleSettings { timeout_ms: Some(400), ..s() }, json!({}), "timeout", 1),
-        ("hog", "grow", ModuleSettings { memory_bytes: Some(16 << 20), ..s() }, json!({}), "memory_limit", 1),
+        (
+            "sleeper",
+            "sleep",
+            ModuleSettings { timeout_ms: Some(400), ..s() },
+            json!({}),
+            "timeout",
+            1,
+        ),
+        (
+            "hog",
+            "grow",
+            ModuleSettings { memory_bytes: Some(16 << 20), ..s() },
+            json!({}),
+            "memory_limit",
+            1,
+        ),
         ("deep", "recurse", s(), json!({}), "stack_overflow", 1),
         ("chatty", "flood", s(), json!({}), "output_too_large", 1),
         ("crash", "panic", s(), json!({}), "trap", 2),
@@ -72,11 +98,16 @@ async fn permanent_failure_dies_at_once_and_flaky_succeeds_after_retries(pool: P
     register(&pool, "permanent", "permanent", ModuleSettings::default()).await;
     register(&pool, "flaky", "flaky", ModuleSettings::default()).await;
     let permanent = queue::enqueue(&pool, NewTask::new("permanent", json!({}))).await.unwrap().id;
-    let flaky = queue::enqueue(&pool, NewTask::new("flaky", json!({"fail_times": 2}))).await.unwrap().id;
+    let flaky =
+        queue::enqueue(&pool, NewTask::new("flaky", json!({"fail_times": 2}))).await.unwrap().id;
     let runner = start_worker(&pool, test_config());
 
     let t = wait_settled(&pool, permanent).await;
-    assert_eq!((t.state, t.attempts), (TaskState::Dead, 1), "max_attempts is 5, but permanent means no retry");
+    assert_eq!(
+        (t.state, t.attempts),
+        (TaskState::Dead, 1),
+        "max_attempts is 5, but permanent means no retry"
+    );
     assert_eq!(error_kinds(&t), vec!["handler_error"]);
     assert_eq!(t.errors[0]["exit_code"], 100);
     assert!(t.last_error.as_deref().unwrap_or("").contains("permanent"), "{t:#?}");
@@ -91,7 +122,8 @@ async fn permanent_failure_dies_at_once_and_flaky_succeeds_after_retries(pool: P
 #[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
 async fn a_task_type_without_a_module_fails_as_module_missing(pool: PgPool) {
     let runner = start_worker(&pool, test_config());
-    let id = queue::enqueue(&pool, NewTask::new("ghost", json!({})).max_attempts(2)).await.unwrap().id;
+    let id =
+        queue::enqueue(&pool, NewTask::new("ghost", json!({})).max_attempts(2)).await.unwrap().id;
     let t = wait_settled(&pool, id).await;
     assert_eq!(t.state, TaskState::Dead);
     assert_eq!(error_kinds(&t), vec!["module_missing", "module_missing"]);
@@ -102,12 +134,14 @@ async fn a_task_type_without_a_module_fails_as_module_missing(pool: PgPool) {
 async fn a_new_module_version_applies_without_restarting_the_runner(pool: PgPool) {
     let v1 = register(&pool, "job", "noop", ModuleSettings::default()).await;
     let runner = start_worker(&pool, test_config());
-    let first = queue::enqueue(&pool, NewTask::new("job", json!({"text": "x y"}))).await.unwrap().id;
+    let first =
+        queue::enqueue(&pool, NewTask::new("job", json!({"text": "x y"}))).await.unwrap().id;
     let t = wait_settled(&pool, first).await;
     assert_eq!((t.result, t.module_sha256), (Some(json!({})), Some(v1)));
 
     let v2 = register(&pool, "job", "wordcount", ModuleSettings::default()).await;
-    let second = queue::enqueue(&pool, NewTask::new("job", json!({"text": "x y"}))).await.unwrap().id;
+    let second =
+        queue::enqueue(&pool, NewTask::new("job", json!({"text": "x y"}))).await.unwrap().id;
     let t = wait_settled(&pool, second).await;
     assert_eq!(t.result.as_ref().map(|r| r["words"].clone()), Some(json!(2)), "{t:#?}");
     assert_eq!(t.module_sha256, Some(v2));

@@ -12,7 +12,8 @@ fn main() {
     let wake_on = serde_json::from_str::<serde_json::Value>(&payload)
         .ok()
         .and_then(|v| v.get("wake_on_attempt").and_then(serde_json::Value::as_u64));
-    let attempt: u64 = std::env::var("SWEEP_ATTEMPT").ok().and_then(|a| a.parse().ok()).unwrap_or(1);
+    let attempt: u64 =
+        std::env::var("SWEEP_ATTEMPT").ok().and_then(|a| a.parse().ok()).unwrap_or(1);
     if wake_on.is_some_and(|n| attempt >= n) {
         println!("{{\"woke_on_attempt\":{attempt}}}");
         return;

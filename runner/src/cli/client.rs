@@ -16,7 +16,6 @@ use reqwest::{Method, RequestBuilder};
 use serde_json::{json, Value};
 
 // `AdminServerArgs` is for `sweep run` too, which serves the API next to its runner.
-#[allow(unused_imports)]
 pub use operator::{admin, tenant, AdminArgs, AdminServerArgs, TenantCommand};
 pub use queue::{dead, enqueue, stats, task, DeadCommand, EnqueueArgs, StatsArgs, TaskCommand};
 

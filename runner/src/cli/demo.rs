@@ -79,7 +79,8 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         Postgres::drop_database(url).await.context("dropping the previous demo database")?;
     }
     let pool = queue::connect(url, 8).await.context("creating the demo database")?;
-    let worker = Worker::new(pool.clone(), args.worker.to_config()).context("starting the runner")?;
+    let worker =
+        Worker::new(pool.clone(), args.worker.to_config()).context("starting the runner")?;
 
     println!("== registering modules from {}", args.modules_dir.display());
     for (task_type, file, settings) in modules() {
@@ -89,9 +90,15 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         })?;
         worker.sandbox().validate_module(&bytes).with_context(|| format!("validating {file}"))?;
         let sha256 = sha256_hex(&bytes);
-        let reg =
-            queue::register_module(&pool, queue::DEFAULT_TENANT, task_type, &sha256, &bytes, &settings)
-                .await?;
+        let reg = queue::register_module(
+            &pool,
+            queue::DEFAULT_TENANT,
+            task_type,
+            &sha256,
+            &bytes,
+            &settings,
+        )
+        .await?;
         println!(
             "  {task_type:<10} v{} sha256 {}… {:>4} KiB  {}",
             reg.module.version,
@@ -166,8 +173,7 @@ fn describe_settings(s: &ModuleSettings) -> String {
 }
 
 fn describe(t: &TaskView) -> String {
-    let head =
-        format!("  #{:<3} {:<15} {:<9} attempts={}", t.id, t.task_type, t.state, t.attempts);
+    let head = format!("  #{:<3} {:<15} {:<9} attempts={}", t.id, t.task_type, t.state, t.attempts);
     let kinds: Vec<&str> = t
         .errors
         .as_array()

@@ -12,7 +12,11 @@ mod serve;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "sweep", version, about = "Background jobs in Postgres, each run as a sandboxed WebAssembly module")]
+#[command(
+    name = "sweep",
+    version,
+    about = "Background jobs in Postgres, each run as a sandboxed WebAssembly module"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -4,13 +4,16 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context;
 use sweep::{
+    admin::{self, AdminState},
     config::WorkerConfig,
     queue,
     sandbox::{Limits, SandboxConfig},
     worker::{self, Worker},
 };
 
-use super::DatabaseArgs;
+use tokio::sync::watch;
+
+use super::{client::AdminServerArgs, DatabaseArgs};
 
 pub async fn migrate(db: DatabaseArgs) -> anyhow::Result<()> {
     let pool = queue::connect(&db.database_url, 2).await.context("migrating")?;
@@ -25,6 +28,11 @@ pub struct RunArgs {
     pub db: DatabaseArgs,
     #[command(flatten)]
     pub worker: WorkerArgs,
+    #[command(flatten)]
+    pub admin: AdminServerArgs,
+    /// Do not serve the admin API from this runner.
+    #[arg(long, env = "SWEEP_NO_ADMIN")]
+    pub no_admin: bool,
 }
 
 /// Runner settings; every flag has an environment variable.
@@ -114,12 +122,37 @@ impl WorkerArgs {
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = args.worker.to_config();
     config.validate().context("invalid runner settings")?;
-    let connections = u32::try_from(config.concurrency / 4 + 4).unwrap_or(32);
+    let connections = u32::try_from(config.concurrency / 4 + config.claimers + 4).unwrap_or(32);
     let pool = queue::connect(&args.db.database_url, connections)
         .await
         .context("connecting to Postgres")?;
     let worker = Worker::new(pool.clone(), config).context("starting the runner")?;
-    let summary = worker.run(worker::shutdown_signal()).await?;
+
+    // One signal stops both the runner and its admin API.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        worker::shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let admin = if args.no_admin {
+        None
+    } else {
+        // Built before the runner starts, so the metrics recorder sees every task.
+        let state = AdminState::new(pool.clone(), worker.sandbox().clone(), args.admin.to_config())
+            .context("setting up the admin API")?;
+        let listener = tokio::net::TcpListener::bind(args.admin.admin_addr)
+            .await
+            .with_context(|| format!("binding the admin API to {}", args.admin.admin_addr))?;
+        tracing::info!(addr = %args.admin.admin_addr, "admin API listening");
+        Some(tokio::spawn(admin::serve_on(listener, state, stopped(stop_rx.clone()))))
+    };
+    let summary = worker.run(stopped(stop_rx)).await?;
+    if let Some(admin) = admin {
+        admin.await.context("admin API task")?.context("admin API")?;
+    }
     pool.close().await;
     println!("runner stopped: {} tasks claimed, {} handed back", summary.claimed, summary.released);
     Ok(())

@@ -29,6 +29,8 @@ pub(super) async fn execute(
         duration_ms = Empty,
         fuel = Empty,
     );
+    let lag = (chrono::Utc::now() - task.run_at).as_seconds_f64().max(0.0);
+    metrics::histogram!(crate::metrics::QUEUE_LAG).record(lag);
     async move {
         let retry = retry_policy(config.retry, task.module.as_ref().map(|m| &m.settings));
         let (execution, sha256) = match &task.module {
@@ -37,7 +39,9 @@ pub(super) async fn execute(
                 let load = || async {
                     match queue::module_bytes(pool, &module.sha256).await {
                         Ok(Some(bytes)) => Ok(bytes),
-                        Ok(None) => Err(format!("module {} vanished from the registry", module.sha256)),
+                        Ok(None) => {
+                            Err(format!("module {} vanished from the registry", module.sha256))
+                        }
                         Err(e) => Err(e.to_string()),
                     }
                 };
@@ -128,7 +132,11 @@ mod tests {
     #[test]
     fn module_backoff_overrides_the_default() {
         let default = RetryPolicy::default();
-        let s = ModuleSettings { backoff_base_ms: Some(10), backoff_cap_ms: Some(100), ..Default::default() };
+        let s = ModuleSettings {
+            backoff_base_ms: Some(10),
+            backoff_cap_ms: Some(100),
+            ..Default::default()
+        };
         let p = retry_policy(default, Some(&s));
         assert_eq!((p.base, p.cap), (Duration::from_millis(10), Duration::from_millis(100)));
         assert_eq!(retry_policy(default, None), default);
@@ -139,7 +147,12 @@ mod tests {
 
     #[test]
     fn nonsense_overrides_fall_back_to_defaults() {
-        let s = ModuleSettings { fuel: Some(-5), timeout_ms: Some(0), memory_bytes: Some(1 << 20), ..Default::default() };
+        let s = ModuleSettings {
+            fuel: Some(-5),
+            timeout_ms: Some(0),
+            memory_bytes: Some(1 << 20),
+            ..Default::default()
+        };
         let o = overrides(&s);
         assert_eq!((o.fuel, o.timeout, o.memory_bytes), (None, None, Some(1 << 20)));
     }

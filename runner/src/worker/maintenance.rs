@@ -13,7 +13,12 @@ use crate::{config::WorkerConfig, queue};
 /// Most expired leases rescued per statement.
 const REAP_BATCH: usize = 1000;
 
-pub(super) async fn heartbeat(pool: PgPool, runner: Uuid, lease: Duration, stop: watch::Receiver<bool>) {
+pub(super) async fn heartbeat(
+    pool: PgPool,
+    runner: Uuid,
+    lease: Duration,
+    stop: watch::Receiver<bool>,
+) {
     every(lease / 3, stop, || async {
         if let Err(e) = queue::heartbeat_leases(&pool, runner, lease).await {
             tracing::warn!(error = %e, "heartbeat failed");
@@ -22,7 +27,12 @@ pub(super) async fn heartbeat(pool: PgPool, runner: Uuid, lease: Duration, stop:
     .await;
 }
 
-pub(super) async fn run(pool: PgPool, runner: Uuid, config: Arc<WorkerConfig>, stop: watch::Receiver<bool>) {
+pub(super) async fn run(
+    pool: PgPool,
+    runner: Uuid,
+    config: Arc<WorkerConfig>,
+    stop: watch::Receiver<bool>,
+) {
     let m = &config.maintenance;
     let reaper = every(m.reaper_interval, stop.clone(), || async {
         // Rescued tasks back off with the runner's default policy.

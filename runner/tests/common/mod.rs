@@ -59,10 +59,17 @@ pub fn module_bytes(name: &str) -> Vec<u8> {
 }
 
 /// Registers (and activates) module `file` as the handler for `task_type`.
-pub async fn register(pool: &PgPool, task_type: &str, file: &str, settings: ModuleSettings) -> String {
+pub async fn register(
+    pool: &PgPool,
+    task_type: &str,
+    file: &str,
+    settings: ModuleSettings,
+) -> String {
     let bytes = module_bytes(file);
     let sha = sha256_hex(&bytes);
-    queue::register_module(pool, "default", task_type, &sha, &bytes, &settings).await.expect("register");
+    queue::register_module(pool, "default", task_type, &sha, &bytes, &settings)
+        .await
+        .expect("register");
     sha
 }
 
@@ -71,7 +78,11 @@ pub fn test_config() -> WorkerConfig {
     WorkerConfig {
         concurrency: 4,
         poll_interval: Duration::from_millis(50),
-        retry: RetryPolicy { base: Duration::from_millis(1), cap: Duration::from_millis(5), jitter: 0.0 },
+        retry: RetryPolicy {
+            base: Duration::from_millis(1),
+            cap: Duration::from_millis(5),
+            jitter: 0.0,
+        },
         sandbox: SandboxConfig {
             max_concurrency: 4,
             defaults: Limits {
@@ -116,7 +127,12 @@ impl RunningWorker {
 }
 
 /// Waits (polling the database) until task `id` satisfies `done`, for at most a minute.
-pub async fn wait_for(pool: &PgPool, id: TaskId, what: &str, done: impl Fn(&TaskView) -> bool) -> TaskView {
+pub async fn wait_for(
+    pool: &PgPool,
+    id: TaskId,
+    what: &str,
+    done: impl Fn(&TaskView) -> bool,
+) -> TaskView {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let t = show(pool, id).await;
@@ -129,7 +145,10 @@ pub async fn wait_for(pool: &PgPool, id: TaskId, what: &str, done: impl Fn(&Task
 }
 
 pub async fn wait_settled(pool: &PgPool, id: TaskId) -> TaskView {
-    wait_for(pool, id, "succeeded or dead", |t| matches!(t.state, TaskState::Succeeded | TaskState::Dead)).await
+    wait_for(pool, id, "succeeded or dead", |t| {
+        matches!(t.state, TaskState::Succeeded | TaskState::Dead)
+    })
+    .await
 }
 
 /// The `kind` of each entry of a task's error history.
