@@ -1,1 +1,171 @@
-//! Criterion benches live in benches/benches/.
+//! Shared fixtures for the criterion benches in `benches/benches/` (claim, enqueue, sandbox).
+//!
+//! Owns: where the bench database lives (`sweep_bench` on the server `DATABASE_URL` names,
+//! created and migrated through [`sweep::queue::connect`]), resetting and filling its task
+//! table between measurements, and locating the no-op guest module.
+//!
+//! The SQL here is fixture plumbing (truncate, vacuum, insert finished history) and never runs
+//! inside a timed region; everything timed goes through the public `sweep::queue` functions.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+use sqlx::PgPool;
+use sweep::queue::{self, NewTask};
+
+/// Server used when `DATABASE_URL` is unset (the same default as `scripts/test.sh`).
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// Database the queue benches own; dropped and recreated freely.
+pub const BENCH_DATABASE: &str = "sweep_bench";
+
+/// Task type of the claimable tasks the benches enqueue.
+pub const BENCH_TASK_TYPE: &str = "noop";
+
+/// Task type of the finished rows the "retained history" benches insert.
+pub const RETAINED_TASK_TYPE: &str = "retained";
+
+/// Tasks per `enqueue_many` call when filling the table.
+const FILL_CHUNK: usize = 50_000;
+
+/// `DATABASE_URL` (or the default), with its database name replaced by `database`.
+pub fn database_url(database: &str) -> String {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
+    with_database(&url, database)
+}
+
+fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    // The path starts at the first '/' after "scheme://authority".
+    let authority_start = base.find("://").map_or(0, |i| i + 3);
+    let server = match base[authority_start..].find('/') {
+        Some(slash) => &base[..authority_start + slash],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{server}/{database}?{q}"),
+        None => format!("{server}/{database}"),
+    }
+}
+
+/// A multi-threaded runtime like the runner's (one worker per core).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
+}
+
+/// Connects to the bench database (creating and migrating it) with `max_connections`.
+pub async fn bench_pool(max_connections: u32) -> PgPool {
+    let url = database_url(BENCH_DATABASE);
+    queue::connect(&url, max_connections)
+        .await
+        .unwrap_or_else(|e| panic!("cannot open the bench database at {url}: {e}"))
+}
+
+/// Reads a positive integer from the environment, else `default`.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.replace('_', "").parse().ok()).unwrap_or(default)
+}
+
+/// Empties the task table (fixture only; never timed).
+pub async fn truncate_tasks(pool: &PgPool) {
+    sqlx::query("truncate tasks").execute(pool).await.expect("truncate tasks");
+}
+
+/// Deletes every task except the retained finished history, then vacuums and analyzes so each
+/// measurement starts from the same physical state (fixture only; never timed).
+pub async fn reset_live_tasks(pool: &PgPool, keep_retained: bool) {
+    if keep_retained {
+        sqlx::query("delete from tasks where task_type <> $1")
+            .bind(RETAINED_TASK_TYPE)
+            .execute(pool)
+            .await
+            .expect("delete live tasks");
+    } else {
+        truncate_tasks(pool).await;
+    }
+    vacuum_analyze(pool).await;
+}
+
+/// `vacuum analyze tasks`.
+pub async fn vacuum_analyze(pool: &PgPool) {
+    sqlx::query("vacuum analyze tasks").execute(pool).await.expect("vacuum analyze tasks");
+}
+
+/// `vacuum tasks` (no analyze: planner statistics stay as the fixture left them).
+pub async fn vacuum(pool: &PgPool) {
+    sqlx::query("vacuum tasks").execute(pool).await.expect("vacuum tasks");
+}
+
+/// The tasks the benches enqueue: a no-op payload.
+pub fn bench_tasks(n: usize, offset: usize) -> Vec<NewTask> {
+    (0..n).map(|i| NewTask::new(BENCH_TASK_TYPE, json!({ "i": offset + i }))).collect()
+}
+
+/// Enqueues `n` due tasks through the public API, in chunks.
+pub async fn fill(pool: &PgPool, n: usize) {
+    let mut done = 0;
+    while done < n {
+        let chunk = FILL_CHUNK.min(n - done);
+        queue::enqueue_many(pool, &bench_tasks(chunk, done)).await.expect("enqueue fill");
+        done += chunk;
+    }
+}
+
+/// Inserts `n` finished (`succeeded`) tasks, the history a long-running queue keeps until
+/// retention deletes it. Direct SQL: going through claim + complete would take minutes.
+pub async fn insert_retained(pool: &PgPool, n: usize) {
+    let n = i64::try_from(n).unwrap_or(i64::MAX);
+    sqlx::query(
+        r#"
+        insert into tasks (task_type, payload, state, attempts, result, finished_at,
+                           created_at, updated_at)
+        select $1, jsonb_build_object('i', g), 'succeeded', 1, '{}'::jsonb, now(), now(), now()
+        from generate_series(1, $2::int8) g
+        "#,
+    )
+    .bind(RETAINED_TASK_TYPE)
+    .bind(n)
+    .execute(pool)
+    .await
+    .expect("insert retained history");
+}
+
+/// Counts rows of `task_type` (fixture only).
+pub async fn count_tasks(pool: &PgPool, task_type: &str) -> i64 {
+    sqlx::query_scalar("select count(*) from tasks where task_type = $1")
+        .bind(task_type)
+        .fetch_one(pool)
+        .await
+        .expect("count tasks")
+}
+
+/// The no-op guest module built by `scripts/build-modules.sh` (override: `SWEEP_NOOP_WASM`).
+pub fn noop_wasm() -> Vec<u8> {
+    let path = std::env::var_os("SWEEP_NOOP_WASM").map(PathBuf::from).unwrap_or_else(|| {
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+        target.join("wasm32-wasip1/wasm/noop.wasm")
+    });
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!("cannot read {} ({e}); run scripts/build-modules.sh noop first", path.display())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn replaces_the_database_name() {
+        assert_eq!(with_database("postgres://u@h:5432/test", "b"), "postgres://u@h:5432/b");
+        assert_eq!(
+            with_database("postgres://u@h/test?sslmode=disable", "b"),
+            "postgres://u@h/b?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://u@h", "b"), "postgres://u@h/b");
+    }
+}
