@@ -79,6 +79,7 @@ async fn a_runner_killed_mid_task_has_its_task_finished_by_another(pool: PgPool)
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sweep"))
         .args([
             "run",
+            "--no-admin", // no port to collide with anything else on the machine
             "--database-url",
             &url,
             "--lease-secs",
