@@ -39,6 +39,11 @@ pub async fn claim_batch<'c, E: PgExecutor<'c>>(
     // `allowed` trims each capped tenant's picks to its free slots (the trimmed rows stay
     // unclaimed). With no capped tenant, `caps` is empty, the scan's anti-join is against
     // nothing and `allowed` passes `picked` through without the window.
+    //
+    // The claim commits asynchronously (`synchronous_commit = off` for this transaction only):
+    // if Postgres crashes within ~3 x wal_writer_delay of the commit, the claim is lost and
+    // the task is simply pending again, to be claimed (and run) once more: at-least-once
+    // holds, and the runner that lost it is fenced out when it reports. See benches/README.md.
     let rows: Vec<ClaimRow> = sqlx::query_as(
         r#"
         with caps as materialized (
@@ -47,7 +52,7 @@ pub async fn claim_batch<'c, E: PgExecutor<'c>>(
             where max_running is not null
         ),
         picked as (
-            select id, tenant, priority, run_at from tasks
+            select ctid, id, tenant, priority, run_at from tasks
             where state in ('pending', 'retrying')
               and run_at <= now()
               and (cardinality($3::text[]) = 0 or task_type = any($3::text[]))
@@ -58,10 +63,10 @@ pub async fn claim_batch<'c, E: PgExecutor<'c>>(
         ),
         allowed as (
             -- exactly one branch runs: both conditions are evaluated once, up front
-            select id from picked where not exists (select 1 from caps)
+            select ctid from picked where not exists (select 1 from caps)
             union all
-            select id from (
-                select p.id, c.free,
+            select ctid from (
+                select p.ctid, p.id, c.free,
                        row_number() over (partition by p.tenant
                                           order by p.priority desc, p.run_at, p.id) as n
                 from picked p
@@ -78,8 +83,10 @@ pub async fn claim_batch<'c, E: PgExecutor<'c>>(
                 lease_expires_at = now() + $4 * interval '1 millisecond',
                 started_at = now(),
                 updated_at = now()
-            from allowed
-            where t.id = allowed.id
+            -- by ctid: the very row versions picked locked (no second index lookup); we
+            -- hold their row locks, so they cannot move before this update
+            where t.ctid = any(array(select ctid from allowed))
+              and t.state in ('pending', 'retrying')
             returning t.id, t.tenant, t.task_type, t.payload, t.attempts, t.max_attempts,
                       t.run_at, t.created_at
         )
@@ -91,6 +98,7 @@ pub async fn claim_batch<'c, E: PgExecutor<'c>>(
         left join active_modules a on a.tenant = c.tenant and a.task_type = c.task_type
         left join modules m
                on m.tenant = a.tenant and m.task_type = a.task_type and m.version = a.version
+        cross join (select set_config('synchronous_commit', 'off', true)) as async_commit
         "#,
     )
     .bind(runner)

@@ -125,7 +125,7 @@ async fn insert_plain(
     let mut ids: Vec<TaskId> = sqlx::query_scalar(
         r#"
         with input as (
-            select nextval(pg_get_serial_sequence('tasks', 'id')) as id, i.*
+            select nextval((select pg_get_serial_sequence('tasks', 'id')::regclass)) as id, i.*
             from unnest($1::text[], $2::text[], $3::jsonb[], $4::int4[], $5::timestamptz[],
                         $6::int8[], $7::int4[])
                  as i(tenant, task_type, payload, priority, run_at, delay_ms, max_attempts)
@@ -183,7 +183,7 @@ async fn insert(
     let rows: Vec<(Option<i64>, bool)> = sqlx::query_as(
         r#"
         with input as materialized (
-            select nextval(pg_get_serial_sequence('tasks', 'id')) as id, i.*
+            select nextval((select pg_get_serial_sequence('tasks', 'id')::regclass)) as id, i.*
             from unnest($1::text[], $2::text[], $3::jsonb[], $4::int4[], $5::timestamptz[],
                         $6::int8[], $7::int4[], $8::text[])
                  with ordinality
