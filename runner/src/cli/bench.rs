@@ -41,7 +41,21 @@ pub struct BenchArgs {
     /// The raw SQL ceiling in jobs/s (from shared/bench/sql-limit.sh), to print a ratio.
     #[arg(long, global = true)]
     pub sql_limit: Option<f64>,
+    /// Which no-op guest every task runs.
+    #[arg(long, global = true, value_enum, default_value_t = Guest::Rust)]
+    pub guest: Guest,
 }
+
+/// The no-op guests `sweep bench` can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Guest {
+    /// modules/noop: the Rust SDK handler (reads its payload, writes `{}`).
+    Rust,
+    /// An empty `_start`: the floor of the sandbox's per-task cost.
+    Bare,
+}
+
+const BARE_NOOP: &str = r#"(module (memory (export "memory") 1) (func (export "_start")))"#;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchMode {
@@ -78,8 +92,11 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         Postgres::drop_database(url).await.context("dropping the previous bench database")?;
     }
     let pool = queue::connect(url, 16).await.context("creating the bench database")?;
-    let noop = std::fs::read(args.modules_dir.join("noop.wasm"))
-        .context("reading noop.wasm (run scripts/build-modules.sh first)")?;
+    let noop = match args.guest {
+        Guest::Rust => std::fs::read(args.modules_dir.join("noop.wasm"))
+            .context("reading noop.wasm (run scripts/build-modules.sh first)")?,
+        Guest::Bare => wat::parse_str(BARE_NOOP).context("assembling the bare no-op")?,
+    };
     queue::register_module(
         &pool,
         queue::DEFAULT_TENANT,

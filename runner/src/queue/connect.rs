@@ -38,7 +38,15 @@ impl From<ConnectError> for QueueError {
 /// Opens a pool of `max_connections`, creating the database if it does not exist and
 /// applying pending migrations.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, ConnectError> {
-    let options: PgConnectOptions = url.parse().map_err(ConnectError::BadUrl)?;
+    // The claim must walk `tasks_claim` in index order and stop after a batch. When the
+    // statistics are stale (a large analyzed history, then a fresh backlog the planner has not
+    // seen) Postgres picks a bitmap scan of the whole backlog plus a sort for every claim
+    // instead: 9.6 ms against 0.4 ms per claim with 1M finished rows retained. No query of
+    // Sweep's needs bitmap scans, so its connections do without them.
+    let options: PgConnectOptions = url
+        .parse::<PgConnectOptions>()
+        .map_err(ConnectError::BadUrl)?
+        .options([("enable_bitmapscan", "off")]);
     if !Postgres::database_exists(url).await.map_err(ConnectError::Connect)? {
         Postgres::create_database(url).await.map_err(ConnectError::Create)?;
     }
