@@ -83,10 +83,12 @@ pub async fn claim_batch<'c, E: PgExecutor<'c>>(
                 lease_expires_at = now() + $4 * interval '1 millisecond',
                 started_at = now(),
                 updated_at = now()
-            -- by ctid: the very row versions picked locked (no second index lookup); we
-            -- hold their row locks, so they cannot move before this update
+            -- By ctid: the very row versions `picked` locked (a TID scan, no second index
+            -- lookup); we hold their row locks, so they cannot change before this update.
+            -- No state filter here on purpose: it would make the partial claim index a
+            -- candidate, and with stale statistics (a large analyzed history) the planner
+            -- then scanned the whole index filtering on ctid (95 ms per claim, measured).
             where t.ctid = any(array(select ctid from allowed))
-              and t.state in ('pending', 'retrying')
             returning t.id, t.tenant, t.task_type, t.payload, t.attempts, t.max_attempts,
                       t.run_at, t.created_at
         )
