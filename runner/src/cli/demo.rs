@@ -48,7 +48,13 @@ fn modules() -> Vec<(&'static str, &'static str, ModuleSettings)> {
         (
             "runaway",
             "spinloop",
-            ModuleSettings { timeout_ms: Some(300), max_attempts: Some(2), ..quick_retry },
+            // Fuel far above what 300 ms can burn: the wall-clock limit stops it.
+            ModuleSettings {
+                fuel: Some(100_000_000_000),
+                timeout_ms: Some(300),
+                max_attempts: Some(2),
+                ..quick_retry
+            },
         ),
     ]
 }
