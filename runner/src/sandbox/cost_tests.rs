@@ -12,11 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use wasmtime::{Store, UpdateDeadline};
-use wasmtime_wasi::p2::pipe::MemoryInputPipe;
-use wasmtime_wasi::WasiCtxBuilder;
 
 use super::pipes::{BoundedOutput, Overflow};
-use super::store::{StoreState, TaskLimiter};
+use super::store::{wasi_ctx, StoreState, TaskLimiter};
 use super::{CompiledModule, Limits, Sandbox, SandboxConfig, TaskInput};
 
 /// Runs per batch. Each figure is the fastest batch's average, which filters out time stolen
@@ -63,15 +61,7 @@ async fn phases(
         let t0 = Instant::now();
         let stdout = BoundedOutput::new(limits.output_bytes, Overflow::Stop);
         let stderr = BoundedOutput::new(4096, Overflow::KeepTail);
-        let wasi = WasiCtxBuilder::new()
-            .stdin(MemoryInputPipe::new(input.payload.clone()))
-            .stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .env("SWEEP_TASK_ID", &input.task_id)
-            .env("SWEEP_TASK_TYPE", &input.task_type)
-            .env("SWEEP_ATTEMPT", input.attempt.to_string())
-            .env("SWEEP_MAX_ATTEMPTS", input.max_attempts.to_string())
-            .build_p1();
+        let wasi = wasi_ctx(input, &stdout, &stderr);
         let t1 = Instant::now();
         let state = StoreState {
             wasi,

@@ -148,16 +148,14 @@ impl std::fmt::Debug for StoreState {
     }
 }
 
-/// A fresh store for one run, with fuel, limiter and epoch callback installed.
-pub(crate) fn new_store(
-    engine: &Engine,
+/// The guest's WASI view: payload on stdin, bounded stdout/stderr, the four `SWEEP_*`
+/// variables, and nothing else (no preopens, no sockets, no host env or args).
+pub(crate) fn wasi_ctx(
     input: &TaskInput,
-    limits: &Limits,
-    started: Instant,
     stdout: &BoundedOutput,
     stderr: &BoundedOutput,
-) -> wasmtime::Result<Store<StoreState>> {
-    let wasi = WasiCtxBuilder::new()
+) -> WasiP1Ctx {
+    WasiCtxBuilder::new()
         .stdin(MemoryInputPipe::new(input.payload.clone()))
         .stdout(stdout.clone())
         .stderr(stderr.clone())
@@ -169,7 +167,19 @@ pub(crate) fn new_store(
         .allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false)
-        .build_p1();
+        .build_p1()
+}
+
+/// A fresh store for one run, with fuel, limiter and epoch callback installed.
+pub(crate) fn new_store(
+    engine: &Engine,
+    input: &TaskInput,
+    limits: &Limits,
+    started: Instant,
+    stdout: &BoundedOutput,
+    stderr: &BoundedOutput,
+) -> wasmtime::Result<Store<StoreState>> {
+    let wasi = wasi_ctx(input, stdout, stderr);
     let state = StoreState {
         wasi,
         limiter: TaskLimiter {

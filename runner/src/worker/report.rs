@@ -37,16 +37,15 @@ pub(super) async fn run(
 ) {
     let mut batch = Vec::with_capacity(config.report_batch);
     while reports.recv_many(&mut batch, config.report_batch).await > 0 {
-        flush(&pool, runner, &batch).await;
-        batch.clear();
+        flush(&pool, runner, std::mem::take(&mut batch)).await;
     }
 }
 
-async fn flush(pool: &PgPool, runner: Uuid, batch: &[Report]) {
-    let (done, failed): (Vec<&Report>, Vec<&Report>) =
-        batch.iter().partition(|r| r.execution.outcome.is_success());
+async fn flush(pool: &PgPool, runner: Uuid, batch: Vec<Report>) {
+    let (done, failed): (Vec<Report>, Vec<Report>) =
+        batch.into_iter().partition(|r| r.execution.outcome.is_success());
     if !done.is_empty() {
-        let completions: Vec<Completion> = done.iter().map(|r| completion(r)).collect();
+        let completions: Vec<Completion> = done.into_iter().map(completion).collect();
         if let Some(lost) = with_retries(|| queue::complete_batch(pool, runner, &completions)).await
         {
             note_lost(&lost);
@@ -63,17 +62,19 @@ async fn flush(pool: &PgPool, runner: Uuid, batch: &[Report]) {
     }
 }
 
-fn completion(r: &Report) -> Completion {
-    let result = match &r.execution.outcome {
-        Outcome::Success(value) => value.clone(),
+/// A successful report, moved (results and logs can be large: no copies on the hot path).
+fn completion(r: Report) -> Completion {
+    let result = match r.execution.outcome {
+        Outcome::Success(value) => value,
         _ => serde_json::Value::Null,
     };
+    let stderr = r.execution.stderr;
     Completion {
         id: r.task.id,
         attempt: r.task.attempt,
         result,
-        module_sha256: r.module_sha256.clone(),
-        logs: (!r.execution.stderr.is_empty()).then(|| r.execution.stderr.clone()),
+        module_sha256: r.module_sha256,
+        logs: (!stderr.is_empty()).then_some(stderr),
     }
 }
 
