@@ -8,14 +8,15 @@
 //!   iteration = one round of every claimer, so the reported elements/s is B*C per round, timed
 //!   by wall clock over all claimers (`iter_custom`).
 //! - `claim_retained/<history>/4x50`: the same loop at C=4, B=50, on an otherwise identical
-//!   table that also holds `SWEEP_BENCH_RETAINED` (default 1,000,000) finished tasks.
+//!   queue that also keeps `SWEEP_BENCH_RETAINED` (default 1,000,000) finished tasks.
 //!   Compare `empty` with `1M_finished`: the claim path must not slow down as history grows.
 //!
 //! The table is refilled (outside the timed region) whenever fewer due tasks are left than the
-//! next measurement needs: live tasks deleted, `SWEEP_BENCH_ROWS` (default 300,000) enqueued,
-//! vacuum analyze. Completed tasks accumulate between refills, as they would in a real queue,
-//! and so do the dead entries at the head of the claim index that every claim walks past until
-//! the next vacuum. `SWEEP_BENCH_VACUUM_MS=1000` vacuums the table every second *inside* the
+//! next measurement needs: live and finished bench tasks deleted (the retained history
+//! stays), `SWEEP_BENCH_ROWS` (default 300,000) enqueued, vacuum analyze. Completed tasks
+//! accumulate in `finished_tasks` between refills, as they would in a real queue, and so do
+//! the dead entries at the head of the claim index that every claim walks past until the next
+//! vacuum. `SWEEP_BENCH_VACUUM_MS=1000` vacuums the table every second *inside* the
 //! timed region, to measure a runner that keeps its hot table vacuumed.
 
 use std::time::{Duration, Instant};
@@ -25,7 +26,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use sweep::queue::{self, Completion};
 use sweep_benches::{
-    bench_pool, count_tasks, env_usize, fill, insert_retained, reset_live_tasks, runtime,
+    bench_pool, count_finished, env_usize, fill, insert_retained, reset_live_tasks, runtime,
     RETAINED_TASK_TYPE,
 };
 use uuid::Uuid;
@@ -178,8 +179,8 @@ fn claim_retained(c: &mut Criterion) {
 
 async fn open_retained(claimers: usize, history: usize) -> Table {
     let table = open(claimers, history).await;
-    let kept = count_tasks(&table.pool, RETAINED_TASK_TYPE).await;
-    eprintln!("claim_retained: {kept} finished tasks retained in the table");
+    let kept = count_finished(&table.pool, RETAINED_TASK_TYPE).await;
+    eprintln!("claim_retained: {kept} finished tasks retained");
     table
 }
 

@@ -4,14 +4,15 @@
 //! created and migrated through [`sweep::queue::connect`]), resetting and filling its task
 //! table between measurements, and locating the no-op guest module.
 //!
-//! The SQL here is fixture plumbing (truncate, vacuum, insert finished history) and never runs
-//! inside a timed region; everything timed goes through the public `sweep::queue` functions.
+//! Fixture plumbing (truncate, vacuum, insert finished history) goes through
+//! `sweep::queue::bench_support` and never runs inside a timed region; everything timed goes
+//! through the public `sweep::queue` functions.
 
 use std::path::PathBuf;
 
 use serde_json::json;
 use sqlx::PgPool;
-use sweep::queue::{self, NewTask};
+use sweep::queue::{self, bench_support, NewTask};
 
 /// Server used when `DATABASE_URL` is unset (the same default as `scripts/test.sh`).
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -69,34 +70,21 @@ pub fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.replace('_', "").parse().ok()).unwrap_or(default)
 }
 
-/// Empties the task table (fixture only; never timed).
-pub async fn truncate_tasks(pool: &PgPool) {
-    sqlx::query("truncate tasks").execute(pool).await.expect("truncate tasks");
-}
-
 /// Deletes every task except the retained finished history, then vacuums and analyzes so each
 /// measurement starts from the same physical state (fixture only; never timed).
 pub async fn reset_live_tasks(pool: &PgPool, keep_retained: bool) {
-    if keep_retained {
-        sqlx::query("delete from tasks where task_type <> $1")
-            .bind(RETAINED_TASK_TYPE)
-            .execute(pool)
-            .await
-            .expect("delete live tasks");
-    } else {
-        truncate_tasks(pool).await;
-    }
-    vacuum_analyze(pool).await;
+    let keep = keep_retained.then_some(RETAINED_TASK_TYPE);
+    bench_support::reset(pool, keep).await.expect("reset the bench tables");
 }
 
 /// `vacuum analyze tasks`.
 pub async fn vacuum_analyze(pool: &PgPool) {
-    sqlx::query("vacuum analyze tasks").execute(pool).await.expect("vacuum analyze tasks");
+    bench_support::vacuum_tasks(pool, true).await.expect("vacuum analyze tasks");
 }
 
 /// `vacuum tasks` (no analyze: planner statistics stay as the fixture left them).
 pub async fn vacuum(pool: &PgPool) {
-    sqlx::query("vacuum tasks").execute(pool).await.expect("vacuum tasks");
+    bench_support::vacuum_tasks(pool, false).await.expect("vacuum tasks");
 }
 
 /// The tasks the benches enqueue: a no-op payload.
@@ -117,29 +105,14 @@ pub async fn fill(pool: &PgPool, n: usize) {
 /// Inserts `n` finished (`succeeded`) tasks, the history a long-running queue keeps until
 /// retention deletes it. Direct SQL: going through claim + complete would take minutes.
 pub async fn insert_retained(pool: &PgPool, n: usize) {
-    let n = i64::try_from(n).unwrap_or(i64::MAX);
-    sqlx::query(
-        r#"
-        insert into tasks (task_type, payload, state, attempts, result, finished_at,
-                           created_at, updated_at)
-        select $1, jsonb_build_object('i', g), 'succeeded', 1, '{}'::jsonb, now(), now(), now()
-        from generate_series(1, $2::int8) g
-        "#,
-    )
-    .bind(RETAINED_TASK_TYPE)
-    .bind(n)
-    .execute(pool)
-    .await
-    .expect("insert retained history");
+    bench_support::fill_finished(pool, RETAINED_TASK_TYPE, n)
+        .await
+        .expect("insert retained history");
 }
 
-/// Counts rows of `task_type` (fixture only).
-pub async fn count_tasks(pool: &PgPool, task_type: &str) -> i64 {
-    sqlx::query_scalar("select count(*) from tasks where task_type = $1")
-        .bind(task_type)
-        .fetch_one(pool)
-        .await
-        .expect("count tasks")
+/// Counts finished tasks of `task_type` (fixture only).
+pub async fn count_finished(pool: &PgPool, task_type: &str) -> i64 {
+    bench_support::count_finished(pool, task_type).await.expect("count finished tasks")
 }
 
 /// The no-op guest module built by `scripts/build-modules.sh` (override: `SWEEP_NOOP_WASM`).

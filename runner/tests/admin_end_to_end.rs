@@ -151,7 +151,8 @@ async fn two_runners_keep_a_tenant_under_its_running_cap(pool: PgPool) {
         let (running, dead, quick_done): (i64, i64, i64) = sqlx::query_as(
             "select (select count(*) from tasks where tenant = 'capped' and state = 'running'),
                     (select count(*) from dead_tasks where tenant = 'capped'),
-                    (select count(*) from tasks where tenant = 'default' and state = 'succeeded')",
+                    (select count(*) from finished_tasks
+                     where tenant = 'default' and state = 'succeeded')",
         )
         .fetch_one(&pool)
         .await

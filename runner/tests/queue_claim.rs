@@ -108,7 +108,7 @@ async fn eight_concurrent_claimers_drain_ten_thousand_tasks_exactly_once(pool: P
     assert_eq!(total, 10_000);
     assert_eq!(seen, ids);
     let (succeeded, max_attempts): (i64, i32) = sqlx::query_as(
-        "select count(*) filter (where state = 'succeeded'), max(attempts) from tasks",
+        "select count(*) filter (where state = 'succeeded'), max(attempts) from finished_tasks",
     )
     .fetch_one(&pool)
     .await

@@ -118,6 +118,9 @@ async fn retention_deletes_old_finished_tasks_in_batches(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(left, vec!["pending", "running"], "live tasks are never deleted");
+    let history: i64 =
+        sqlx::query_scalar("select count(*) from finished_tasks").fetch_one(&pool).await.unwrap();
+    assert_eq!(history, 0, "every finished task was old enough to go");
 }
 
 #[sqlx::test(migrator = "sweep::queue::MIGRATOR")]

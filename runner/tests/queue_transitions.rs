@@ -47,6 +47,13 @@ async fn running_to_succeeded_stores_the_result(pool: PgPool) {
     assert_eq!(t.result, Some(json!({"ok": 1})));
     assert_eq!(t.module_sha256.as_deref(), Some("sha"));
     assert!(t.finished_at.is_some());
+    let (live, history): (i64, i64) = sqlx::query_as(
+        "select (select count(*) from tasks), (select count(*) from finished_tasks)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((live, history), (0, 1), "the finished row moved out of the hot table");
 }
 
 #[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
@@ -162,6 +169,48 @@ async fn wrong_attempt_or_owner_is_fenced_out(pool: PgPool) {
         vec![c.id]
     );
     assert_eq!(state(&pool, c.id).await, TaskState::Running);
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn large_mixed_batches_apply_each_report_to_its_own_task(pool: PgPool) {
+    let runner = new_runner();
+    enqueue_n(&pool, "t", 600).await;
+    let mut claimed = claim(&pool, runner, 600).await;
+    assert_eq!(claimed.len(), 600);
+    // Reports arrive in any order: shuffle deterministically (reverse, then interleave).
+    claimed.reverse();
+    let (to_complete, to_fail) = claimed.split_at(400);
+
+    // 400 completions, each with its own result; one of them at a stale attempt.
+    let mut completions: Vec<Completion> =
+        to_complete.iter().map(|c| success(c, json!({ "id": c.id }))).collect();
+    completions[7].attempt += 1;
+    let lost = queue::complete_batch(&pool, runner, &completions).await.unwrap();
+    assert_eq!(lost, vec![completions[7].id]);
+    for c in completions.iter().step_by(37).filter(|c| c.id != completions[7].id) {
+        let t = show(&pool, c.id).await;
+        assert_eq!((t.state, t.result), (TaskState::Succeeded, Some(json!({ "id": c.id }))));
+    }
+
+    // 200 failures: even positions permanent (dead), odd ones retry with their own message.
+    let failures: Vec<Failure> = to_fail
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Failure {
+            message: format!("failure of {}", c.id),
+            ..failure(c, i % 2 == 0, Duration::from_secs(60))
+        })
+        .collect();
+    let report = queue::fail_batch(&pool, runner, &failures).await.unwrap();
+    assert_eq!((report.dead.len(), report.retrying.len(), report.lost.len()), (100, 100, 0));
+    for (i, f) in failures.iter().enumerate().step_by(13) {
+        let t = show(&pool, f.id).await;
+        let expected = if i % 2 == 0 { TaskState::Dead } else { TaskState::Retrying };
+        assert_eq!(t.state, expected, "task {}", f.id);
+        assert_eq!(t.last_error.as_deref(), Some(f.message.as_str()));
+        assert_eq!(t.errors[0]["message"], json!(f.message));
+        assert_eq!(t.errors[0]["attempt"], json!(1));
+    }
 }
 
 #[sqlx::test(migrator = "sweep::queue::MIGRATOR")]

@@ -14,8 +14,11 @@ pub async fn fill_finished(
 ) -> Result<(), QueueError> {
     sqlx::query(
         r#"
-        insert into tasks (task_type, payload, state, attempts, result, finished_at)
-        select $1, jsonb_build_object('i', g), 'succeeded', 1, '{}', now()
+        insert into finished_tasks (id, tenant, task_type, payload, state, priority,
+                                    attempts, max_attempts, run_at, errors, result,
+                                    created_at, started_at)
+        select nextval('tasks_id_seq'), 'default', $1, jsonb_build_object('i', g),
+               'succeeded', 0, 1, 5, now(), '[]', '{}', now(), now()
         from generate_series(1, $2) g
         "#,
     )
@@ -23,21 +26,25 @@ pub async fn fill_finished(
     .bind(super::sql_count(n))
     .execute(pool)
     .await?;
-    sqlx::query(r#"vacuum analyze tasks"#).execute(pool).await?;
+    sqlx::query(r#"vacuum analyze finished_tasks"#).execute(pool).await?;
     Ok(())
 }
 
-/// Tasks not finished yet (pending, retrying or running), counted through the small partial
-/// indexes so it stays cheap however much history the table holds.
+/// Tasks not finished yet (pending, retrying or running): `tasks` holds nothing else.
 pub async fn count_unfinished<'c, E: PgExecutor<'c>>(executor: E) -> Result<i64, QueueError> {
     Ok(sqlx::query_scalar(
         r#"
-        select (select count(*) from tasks where state in ('pending', 'retrying'))
-             + (select count(*) from tasks where state = 'running')
+        select count(*) from tasks
         "#,
     )
     .fetch_one(executor)
     .await?)
+}
+
+/// Whether any task is not finished yet: cheap enough to ask every few milliseconds, unlike
+/// [`count_unfinished`], which reads the whole backlog.
+pub async fn any_unfinished<'c, E: PgExecutor<'c>>(executor: E) -> Result<bool, QueueError> {
+    Ok(sqlx::query_scalar(r#"select exists (select 1 from tasks)"#).fetch_one(executor).await?)
 }
 
 /// Percentiles (in seconds) of `started_at - run_at` over succeeded tasks that recorded a
@@ -50,7 +57,7 @@ pub async fn start_latency_percentiles<'c, E: PgExecutor<'c>>(
         r#"
         select percentile_cont($1::float8[]) within group (
                    order by extract(epoch from started_at - run_at)::float8)
-        from tasks
+        from finished_tasks
         where state = 'succeeded' and started_at is not null
         "#,
     )
@@ -65,8 +72,53 @@ pub async fn started_at<'c, E: PgExecutor<'c>>(
     executor: E,
     ids: &[i64],
 ) -> Result<Vec<(i64, Option<chrono::DateTime<chrono::Utc>>)>, QueueError> {
-    Ok(sqlx::query_as(r#"select id, started_at from tasks where id = any($1) order by id"#)
-        .bind(ids)
-        .fetch_all(executor)
+    Ok(sqlx::query_as(
+        r#"
+        select id, started_at from tasks where id = any($1)
+        union all
+        select id, started_at from finished_tasks where id = any($1)
+        order by id
+        "#,
+    )
+    .bind(ids)
+    .fetch_all(executor)
+    .await?)
+}
+
+/// Empties the live table and the finished history, except finished tasks of `keep_type`
+/// (the retained history a bench measures against), then vacuums and analyzes both tables so
+/// each measurement starts from the same physical state.
+pub async fn reset(pool: &sqlx::PgPool, keep_type: Option<&str>) -> Result<(), QueueError> {
+    sqlx::query(r#"truncate tasks"#).execute(pool).await?;
+    match keep_type {
+        Some(keep) => {
+            sqlx::query(r#"delete from finished_tasks where task_type <> $1"#)
+                .bind(keep)
+                .execute(pool)
+                .await?;
+        }
+        None => {
+            sqlx::query(r#"truncate finished_tasks"#).execute(pool).await?;
+        }
+    }
+    sqlx::query(r#"vacuum analyze tasks, finished_tasks"#).execute(pool).await?;
+    Ok(())
+}
+
+/// `vacuum tasks`, with `analyze` when asked.
+pub async fn vacuum_tasks(pool: &sqlx::PgPool, analyze: bool) -> Result<(), QueueError> {
+    let statement = if analyze { r#"vacuum analyze tasks"# } else { r#"vacuum tasks"# };
+    sqlx::query(statement).execute(pool).await?;
+    Ok(())
+}
+
+/// Finished tasks of `task_type`.
+pub async fn count_finished<'c, E: PgExecutor<'c>>(
+    executor: E,
+    task_type: &str,
+) -> Result<i64, QueueError> {
+    Ok(sqlx::query_scalar(r#"select count(*) from finished_tasks where task_type = $1"#)
+        .bind(task_type)
+        .fetch_one(executor)
         .await?)
 }

@@ -11,7 +11,8 @@ use sqlx::PgExecutor;
 
 use super::{error::is_unique_violation, QueueError, TaskId, TaskState};
 
-/// Cancels a pending or retrying task. A running or finished task is `NotCancellable`.
+/// Cancels a pending or retrying task, moving it to `finished_tasks`. A running, finished or
+/// dead task is `NotCancellable`.
 pub async fn cancel<'c, E: PgExecutor<'c>>(
     executor: E,
     tenant: Option<&str>,
@@ -21,15 +22,28 @@ pub async fn cancel<'c, E: PgExecutor<'c>>(
     let (cancelled, before): (Option<TaskId>, Option<String>) = sqlx::query_as(
         r#"
         with cancelled as (
-            update tasks
-            set state = 'cancelled', finished_at = now(), updated_at = now()
+            delete from tasks
             where id = $1 and ($2::text is null or tenant = $2)
               and state in ('pending', 'retrying')
+            returning *
+        ),
+        moved as (
+            insert into finished_tasks (id, tenant, task_type, payload, state, priority,
+                                        attempts, max_attempts, run_at, dedup_key, last_error,
+                                        errors, module_sha256, created_at, started_at)
+            select id, tenant, task_type, payload, 'cancelled', priority, attempts,
+                   max_attempts, run_at, dedup_key, last_error, errors, module_sha256,
+                   created_at, started_at
+            from cancelled
             returning id
         )
-        select (select id from cancelled),
-               coalesce((select state from tasks where id = $1 and ($2::text is null or tenant = $2)),
-                        (select 'dead' from dead_tasks where id = $1 and ($2::text is null or tenant = $2)))
+        select (select id from moved),
+               coalesce((select state from tasks
+                         where id = $1 and ($2::text is null or tenant = $2)),
+                        (select state from finished_tasks
+                         where id = $1 and ($2::text is null or tenant = $2)),
+                        (select 'dead' from dead_tasks
+                         where id = $1 and ($2::text is null or tenant = $2)))
         "#,
     )
     .bind(id)
@@ -79,7 +93,7 @@ pub async fn requeue<'c, E: PgExecutor<'c>>(
     }
 }
 
-/// One task as an operator sees it, live or dead.
+/// One task as an operator sees it: live, finished or dead.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct TaskView {
     pub id: TaskId,
@@ -113,13 +127,18 @@ pub async fn get_task<'c, E: PgExecutor<'c>>(
     let row: Option<TaskView> = sqlx::query_as(
         r#"
         select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
-               dedup_key, last_error, errors, result, module_sha256, created_at, started_at,
-               logs, finished_at
+               dedup_key, last_error, errors, null as result, module_sha256, created_at,
+               started_at, null as logs, null as finished_at
         from tasks where id = $1 and ($2::text is null or tenant = $2)
         union all
-        select id, tenant, task_type, 'dead' as state, payload, priority, attempts, max_attempts, null as run_at,
-               dedup_key, last_error, errors, null as result, module_sha256, created_at,
-               started_at, null as logs, died_at as finished_at
+        select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
+               dedup_key, last_error, errors, result, module_sha256, created_at, started_at,
+               logs, finished_at
+        from finished_tasks where id = $1 and ($2::text is null or tenant = $2)
+        union all
+        select id, tenant, task_type, 'dead' as state, payload, priority, attempts,
+               max_attempts, null as run_at, dedup_key, last_error, errors, null as result,
+               module_sha256, created_at, started_at, null as logs, died_at as finished_at
         from dead_tasks where id = $1 and ($2::text is null or tenant = $2)
         "#,
     )

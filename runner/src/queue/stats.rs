@@ -1,9 +1,9 @@
 //! Queue statistics per tenant and task type, in one statement: counts by state, the age of
 //! the oldest due task, failed attempts in the last hour and completions in the last minute.
 //!
-//! This is an admin read, not a hot path: it scans the live table once. Failed attempts are
-//! counted from the per-task error histories (live and dead), restricted to rows touched in
-//! the last hour.
+//! This is an admin read, not a hot path: it scans the live, finished and dead tables once
+//! each (the finished history is as large as retention lets it grow). Failed attempts are
+//! counted from the per-task error histories, restricted to rows touched in the last hour.
 
 use serde::Serialize;
 use sqlx::PgExecutor;
@@ -37,44 +37,60 @@ pub async fn queue_stats<'c, E: PgExecutor<'c>>(
                    count(*) filter (where state = 'pending') as pending,
                    count(*) filter (where state = 'running') as running,
                    count(*) filter (where state = 'retrying') as retrying,
-                   count(*) filter (where state = 'succeeded') as succeeded,
-                   count(*) filter (where state = 'cancelled') as cancelled,
+                   0 as succeeded, 0 as cancelled, 0 as dead,
                    min(run_at) filter (where state in ('pending', 'retrying') and run_at <= now())
                        as oldest_due,
-                   count(*) filter (where state = 'succeeded'
-                                      and finished_at > now() - interval '1 minute')
-                       as completed_last_minute,
                    coalesce(sum((select count(*) from jsonb_array_elements(errors) e
                                  where (e->>'at')::timestamptz > now() - interval '1 hour'))
                             filter (where updated_at > now() - interval '1 hour'), 0)
-                       as failures
+                       as failures,
+                   0 as completed_last_minute
             from tasks
             where $1::text is null or tenant = $1
             group by tenant, task_type
         ),
-        dead as (
-            select tenant, task_type, count(*) as dead,
+        finished as (
+            select tenant, task_type, 0, 0, 0,
+                   count(*) filter (where state = 'succeeded'),
+                   count(*) filter (where state = 'cancelled'),
+                   0, null::timestamptz,
                    coalesce(sum((select count(*) from jsonb_array_elements(errors) e
                                  where (e->>'at')::timestamptz > now() - interval '1 hour'))
-                            filter (where died_at > now() - interval '1 hour'), 0)
-                       as failures
+                            filter (where finished_at > now() - interval '1 hour'), 0),
+                   count(*) filter (where state = 'succeeded'
+                                      and finished_at > now() - interval '1 minute')
+            from finished_tasks
+            where $1::text is null or tenant = $1
+            group by tenant, task_type
+        ),
+        dead as (
+            select tenant, task_type, 0, 0, 0, 0, 0, count(*), null::timestamptz,
+                   coalesce(sum((select count(*) from jsonb_array_elements(errors) e
+                                 where (e->>'at')::timestamptz > now() - interval '1 hour'))
+                            filter (where died_at > now() - interval '1 hour'), 0),
+                   0
             from dead_tasks
             where $1::text is null or tenant = $1
             group by tenant, task_type
+        ),
+        every as (
+            select * from live
+            union all select * from finished
+            union all select * from dead
         )
-        select coalesce(l.tenant, d.tenant) as tenant,
-               coalesce(l.task_type, d.task_type) as task_type,
-               coalesce(l.pending, 0) as pending,
-               coalesce(l.running, 0) as running,
-               coalesce(l.retrying, 0) as retrying,
-               coalesce(l.succeeded, 0) as succeeded,
-               coalesce(l.cancelled, 0) as cancelled,
-               coalesce(d.dead, 0) as dead,
-               coalesce((extract(epoch from now() - l.oldest_due) * 1000)::int8, 0) as oldest_due_ms,
-               (coalesce(l.failures, 0) + coalesce(d.failures, 0))::int8 as failures_last_hour,
-               coalesce(l.completed_last_minute, 0) as completed_last_minute
-        from live l
-        full join dead d on d.tenant = l.tenant and d.task_type = l.task_type
+        select tenant, task_type,
+               sum(pending)::int8 as pending,
+               sum(running)::int8 as running,
+               sum(retrying)::int8 as retrying,
+               sum(succeeded)::int8 as succeeded,
+               sum(cancelled)::int8 as cancelled,
+               sum(dead)::int8 as dead,
+               coalesce((extract(epoch from now() - min(oldest_due)) * 1000)::int8, 0)
+                   as oldest_due_ms,
+               sum(failures)::int8 as failures_last_hour,
+               sum(completed_last_minute)::int8 as completed_last_minute
+        from every
+        group by tenant, task_type
         order by 1, 2
         "#,
     )
