@@ -179,12 +179,14 @@ pub async fn heartbeat_leases<'c, E: PgExecutor<'c>>(
         extended as (
             -- Rows locked right now are being completed or failed by this runner's reporter:
             -- skip them rather than wait (and never deadlock with a batch update).
+            -- By ctid, as in the claim: a TID scan of exactly the rows locked here, however
+            -- the table looked when this statement was planned.
             update tasks set lease_expires_at = now() + $2 * interval '1 millisecond'
-            where id in (
-                select id from tasks
+            where ctid = any(array(
+                select ctid from tasks
                 where state = 'running' and lease_owner = $1
                 for update skip locked
-            )
+            ))
             returning id
         )
         select count(*) from extended
@@ -214,8 +216,8 @@ pub async fn release_batch<'c, E: PgExecutor<'c>>(
             lease_expires_at = null,
             updated_at = now()
         from unnest($2::int8[], $3::int4[]) as r(id, attempt)
-        where t.id = r.id and t.state = 'running' and t.lease_owner = $1
-          and t.attempts = r.attempt
+        where t.id = any($2::int8[]) and t.lease_owner = $1
+          and t.id = r.id and t.attempts = r.attempt
         returning t.id
         "#,
     )

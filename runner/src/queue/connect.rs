@@ -38,15 +38,21 @@ impl From<ConnectError> for QueueError {
 /// Opens a pool of `max_connections`, creating the database if it does not exist and
 /// applying pending migrations.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, ConnectError> {
-    // The claim must walk `tasks_claim` in index order and stop after a batch. When the
-    // statistics are stale (a large analyzed history, then a fresh backlog the planner has not
-    // seen) Postgres picks a bitmap scan of the whole backlog plus a sort for every claim
-    // instead: 9.6 ms against 0.4 ms per claim with 1M finished rows retained. No query of
-    // Sweep's needs bitmap scans, so its connections do without them.
-    let options: PgConnectOptions = url
-        .parse::<PgConnectOptions>()
-        .map_err(ConnectError::BadUrl)?
-        .options([("enable_bitmapscan", "off")]);
+    // Plans are made once per connection and must not depend on how large the tables were
+    // at that moment. Every statement a runner repeats is an index lookup (the claim walks
+    // `tasks_claim` in order and stops after a batch; reports and heartbeats find rows by
+    // primary key or lease), but planned against an empty or freshly emptied table, a seq
+    // scan or a walk of a whole partial index looks as cheap, and stale statistics once
+    // turned the claim into a bitmap scan of the whole backlog plus a sort (9.6 ms against
+    // 0.4 ms per claim). So: generic plans (no re-planning per call: planning was 20% of the
+    // claim's backend CPU), and seq and bitmap scans priced out; the reads that do need a
+    // full scan (admin stats) still get one, there being no other path.
+    let options: PgConnectOptions =
+        url.parse::<PgConnectOptions>().map_err(ConnectError::BadUrl)?.options([
+            ("plan_cache_mode", "force_generic_plan"),
+            ("enable_seqscan", "off"),
+            ("enable_bitmapscan", "off"),
+        ]);
     if !Postgres::database_exists(url).await.map_err(ConnectError::Connect)? {
         Postgres::create_database(url).await.map_err(ConnectError::Create)?;
     }

@@ -1,6 +1,6 @@
 //! Maintenance statements every runner runs periodically: the reaper (rescues tasks whose
-//! runner stopped heartbeating), retention (deletes old finished tasks) and pruning of dead
-//! runner rows.
+//! runner stopped heartbeating), retention (deletes old finished tasks), vacuuming the live
+//! table and pruning of dead runner rows.
 //!
 //! Invariant: all of these are safe when every runner runs them at the same moment: rows are
 //! picked with `FOR UPDATE SKIP LOCKED` and re-checked, and work is bounded per statement so no
@@ -82,7 +82,7 @@ async fn take_over_expired<'c, E: PgExecutor<'c>>(
     let rows: Vec<(TaskId, String, i32, Uuid)> = sqlx::query_as(
         r#"
         with expired as (
-            select id, lease_owner from tasks
+            select ctid, lease_owner from tasks
             where state = 'running' and lease_expires_at < now()
             order by lease_expires_at
             limit $2
@@ -91,7 +91,7 @@ async fn take_over_expired<'c, E: PgExecutor<'c>>(
         update tasks t
         set lease_owner = $1, lease_expires_at = now() + interval '1 minute', updated_at = now()
         from expired
-        where t.id = expired.id
+        where t.ctid = expired.ctid
         returning t.id, t.task_type, t.attempts, expired.lease_owner
         "#,
     )
@@ -110,8 +110,8 @@ async fn take_over_expired<'c, E: PgExecutor<'c>>(
         .collect())
 }
 
-/// Deletes at most `batch` succeeded or cancelled tasks that finished more than `older_than`
-/// ago. Returns how many were deleted; call again while it returns `batch`.
+/// Deletes at most `batch` finished (succeeded or cancelled) tasks that finished more than
+/// `older_than` ago. Returns how many were deleted; call again while it returns `batch`.
 pub async fn delete_finished<'c, E: PgExecutor<'c>>(
     executor: E,
     older_than: Duration,
@@ -120,14 +120,13 @@ pub async fn delete_finished<'c, E: PgExecutor<'c>>(
     let done = sqlx::query(
         r#"
         with doomed as (
-            select id from tasks
-            where state in ('succeeded', 'cancelled')
-              and finished_at < now() - $1 * interval '1 millisecond'
+            select id from finished_tasks
+            where finished_at < now() - $1 * interval '1 millisecond'
             order by finished_at
             limit $2
             for update skip locked
         )
-        delete from tasks t using doomed where t.id = doomed.id
+        delete from finished_tasks f using doomed where f.id = doomed.id
         "#,
     )
     .bind(sql_millis(older_than))
@@ -135,6 +134,15 @@ pub async fn delete_finished<'c, E: PgExecutor<'c>>(
     .execute(executor)
     .await?;
     Ok(done.rows_affected())
+}
+
+/// Vacuums the live table, skipping it when another vacuum holds it (every runner calls this
+/// on its own timer). `tasks` holds only live work, so this is quick, and it reclaims the
+/// index entries of tasks that already ran, which every claim would otherwise walk past at
+/// the head of `tasks_claim`.
+pub async fn vacuum_live<'c, E: PgExecutor<'c>>(executor: E) -> Result<(), QueueError> {
+    sqlx::query(r#"vacuum (skip_locked) tasks"#).execute(executor).await?;
+    Ok(())
 }
 
 /// Deletes `runners` rows that have not heartbeated for `silent_for`.

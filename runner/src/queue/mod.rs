@@ -1,14 +1,19 @@
 //! The queue: every SQL statement Sweep runs lives under this module.
 //!
-//! Tasks move through the state machine documented in `migrations/0001_queue.sql`. Callers never
+//! Tasks move through the state machine documented in `migrations/0001_queue.sql` and
+//! `migrations/0008_finished_tasks.sql`. Callers never
 //! assemble a transition themselves: they call one of the named functions here
 //! (`claim_batch`, `complete_batch`, `fail_batch`, `cancel`, `requeue`, ...), each one
 //! statement, each taking an executor so it can run inside the caller's transaction.
 //!
 //! Invariants every function keeps:
-//! - every transition out of `running` is fenced by `state = 'running'`, the lease owner and
-//!   the attempt number; a fenced-out row is reported back as lost, never overwritten;
-//! - a task that dies leaves `tasks` and enters `dead_tasks` in the same statement;
+//! - every transition out of `running` is fenced by the lease owner (a lease exists only while
+//!   `running`, a table constraint) and the attempt number; a fenced-out row is reported back
+//!   as lost, never overwritten;
+//! - `tasks` holds only live work: a task that finishes moves to `finished_tasks`, one that
+//!   dies to `dead_tasks`, in the statement that ends it;
+//! - runner statements are planned once per connection (see `connect`), so each is written
+//!   to leave the planner one sane plan: index or TID lookups, no joins against `tasks`;
 //! - bad input is rejected before anything is written ([`InvalidTask`]).
 
 pub mod bench_support;
@@ -33,7 +38,7 @@ pub use connect::{connect, migrate, migrations_done, ConnectError};
 pub use dead::{cancel, get_task, list_dead, requeue, DeadTask, TaskView};
 pub use enqueue::{enqueue, enqueue_many, Enqueued};
 pub use error::{InvalidTask, QueueError};
-pub use maintenance::{delete_finished, prune_runners, reap_expired, RescuedTask};
+pub use maintenance::{delete_finished, prune_runners, reap_expired, vacuum_live, RescuedTask};
 pub use modules::{
     activate_version, list_versions, module_bytes, register_module, ModuleSettings, ModuleVersion,
     Registered,
