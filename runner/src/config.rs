@@ -16,6 +16,8 @@ pub const DEFAULT_REAPER_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEFAULT_RETENTION_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 pub const DEFAULT_RETENTION_BATCH: usize = 1000;
+/// How often a runner vacuums the live table (see `queue::vacuum_live`).
+pub const DEFAULT_VACUUM_INTERVAL: Duration = Duration::from_secs(10);
 /// Runner rows silent for this long are pruned from `runners`.
 pub const DEFAULT_RUNNER_EXPIRY: Duration = Duration::from_secs(3600);
 /// Most reports written in one completion statement.
@@ -51,6 +53,8 @@ pub struct MaintenanceConfig {
     pub retention_interval: Duration,
     pub retention_batch: usize,
     pub runner_expiry: Duration,
+    /// Vacuum the live table this often; `None` leaves it to autovacuum.
+    pub vacuum_interval: Option<Duration>,
 }
 
 impl Default for MaintenanceConfig {
@@ -61,6 +65,7 @@ impl Default for MaintenanceConfig {
             retention_interval: DEFAULT_RETENTION_INTERVAL,
             retention_batch: DEFAULT_RETENTION_BATCH,
             runner_expiry: DEFAULT_RUNNER_EXPIRY,
+            vacuum_interval: Some(DEFAULT_VACUUM_INTERVAL),
         }
     }
 }
@@ -120,6 +125,7 @@ impl WorkerConfig {
             ("poll_interval", self.poll_interval),
             ("reaper_interval", self.maintenance.reaper_interval),
             ("retention_interval", self.maintenance.retention_interval),
+            ("vacuum_interval", self.maintenance.vacuum_interval.unwrap_or(Duration::MAX)),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::Zero(name));
@@ -158,5 +164,10 @@ mod tests {
         assert!(matches!(c.validate(), Err(ConfigError::LeaseTooShort { .. })));
         let c = WorkerConfig { concurrency: 1000, ..WorkerConfig::default() };
         assert!(matches!(c.validate(), Err(ConfigError::ConcurrencyAboveSandbox { .. })));
+        let mut c = WorkerConfig::default();
+        c.maintenance.vacuum_interval = Some(Duration::ZERO);
+        assert_eq!(c.validate(), Err(ConfigError::Zero("vacuum_interval")));
+        c.maintenance.vacuum_interval = None;
+        assert_eq!(c.validate(), Ok(()), "no vacuum interval: autovacuum's job");
     }
 }

@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::Context;
 use sweep::{
     admin::{self, AdminState},
-    config::WorkerConfig,
+    config::{MaintenanceConfig, WorkerConfig},
     queue,
     sandbox::{Limits, SandboxConfig},
     worker::{self, Worker},
@@ -83,6 +83,11 @@ pub struct WorkerArgs {
     /// Allocate instances on demand instead of from a pre-reserved pool.
     #[arg(long, env = "SWEEP_NO_POOLING")]
     pub no_pooling: bool,
+    /// Vacuum the live task table this often, in milliseconds (0: leave it to autovacuum).
+    /// The table only holds live work, so this is cheap, and it keeps claims from walking
+    /// past the index entries of tasks that already ran.
+    #[arg(long, env = "SWEEP_VACUUM_MS", default_value_t = sweep::config::DEFAULT_VACUUM_INTERVAL.as_millis() as u64)]
+    pub vacuum_ms: u64,
 }
 
 impl WorkerArgs {
@@ -113,6 +118,11 @@ impl WorkerArgs {
                 defaults,
                 maxima,
                 ..SandboxConfig::default()
+            },
+            maintenance: MaintenanceConfig {
+                vacuum_interval: (self.vacuum_ms > 0)
+                    .then(|| Duration::from_millis(self.vacuum_ms)),
+                ..MaintenanceConfig::default()
             },
             ..WorkerConfig::default()
         }

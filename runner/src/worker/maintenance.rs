@@ -1,5 +1,5 @@
 //! Background duties of every runner: heartbeats (leases + `runners` row), the reaper,
-//! retention and pruning of silent runner rows. Each stops when the stop flag turns true.
+//! vacuuming the live table, retention and pruning of silent runner rows. Each stops when the stop flag turns true.
 //! All of it is safe to run on every runner at once (see `queue::maintenance`).
 
 use std::{future::Future, sync::Arc, time::Duration};
@@ -47,6 +47,16 @@ pub(super) async fn run(
             Err(e) => tracing::warn!(error = %e, "reaper failed"),
         }
     });
+    let vacuum_stop = stop.clone();
+    let vacuum = async {
+        let Some(period) = m.vacuum_interval else { return };
+        every(period, vacuum_stop, || async {
+            if let Err(e) = queue::vacuum_live(&pool).await {
+                tracing::warn!(error = %e, "vacuuming the task table failed");
+            }
+        })
+        .await
+    };
     let retention = every(m.retention_interval, stop, || async {
         loop {
             match queue::delete_finished(&pool, m.retention_ttl, m.retention_batch).await {
@@ -62,7 +72,7 @@ pub(super) async fn run(
             tracing::warn!(error = %e, "pruning runners failed");
         }
     });
-    tokio::join!(reaper, retention);
+    tokio::join!(reaper, vacuum, retention);
 }
 
 /// Calls `tick` every `period` until `stop` turns true.
