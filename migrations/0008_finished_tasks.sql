@@ -58,3 +58,8 @@ alter table tasks add constraint tasks_state_live check (state in ('pending', 'r
 alter table tasks drop column result;
 alter table tasks drop column logs;
 alter table tasks drop column finished_at;
+
+-- A queue table empties and refills all day: never let VACUUM truncate its trailing empty
+-- pages, which takes an ACCESS EXCLUSIVE lock that stalls every claim and enqueue behind it
+-- (and the space is reused by the next backlog anyway).
+alter table tasks set (vacuum_truncate = false);
