@@ -138,3 +138,28 @@ async fn bad_input_is_a_typed_error_and_writes_nothing(pool: PgPool) {
     }
     assert_eq!(count_tasks(&pool).await, 0);
 }
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn tasks_take_max_attempts_from_their_active_module_unless_they_set_it(pool: PgPool) {
+    let settings = queue::ModuleSettings { max_attempts: Some(2), ..Default::default() };
+    queue::register_module(&pool, "default", "m", &"a".repeat(64), b"\0asm", &settings)
+        .await
+        .unwrap();
+    let tasks = vec![
+        task("m", 1),
+        task("m", 2).max_attempts(9),
+        task("m", 3).tenant("other"),
+        task("n", 4),
+    ];
+    let plain = queue::enqueue_many(&pool, &tasks).await.unwrap();
+    let deduped: Vec<NewTask> =
+        tasks.iter().enumerate().map(|(i, t)| t.clone().dedup_key(format!("k{i}"))).collect();
+    let with_keys = queue::enqueue_many(&pool, &deduped).await.unwrap();
+    for enqueued in [plain, with_keys] {
+        let mut got = Vec::new();
+        for e in enqueued {
+            got.push(queue::get_task(&pool, None, e.id).await.unwrap().max_attempts);
+        }
+        assert_eq!(got, vec![2, 9, 5, 5], "module default, explicit, other tenant, no module");
+    }
+}

@@ -131,7 +131,12 @@ async fn insert_plain(
                  as i(tenant, task_type, payload, priority, run_at, delay_ms, max_attempts)
         ),
         module_defaults as (
-            select a.tenant, a.task_type, m.max_attempts
+            -- One row: {"<tenant>/<task_type>": max_attempts} for every active module that
+            -- sets one (tenant names have no '/'). Each input row looks its type up by key;
+            -- a join here was planned (generic plan, input size unknown) as two index
+            -- probes per enqueued task.
+            select coalesce(jsonb_object_agg(a.tenant || '/' || a.task_type, m.max_attempts),
+                            '{}') as by_type
             from active_modules a
             join modules m using (tenant, task_type, version)
             where m.max_attempts is not null
@@ -140,10 +145,10 @@ async fn insert_plain(
             insert into tasks (id, tenant, task_type, payload, priority, run_at, max_attempts)
             select input.id, input.tenant, input.task_type, input.payload, input.priority,
                    coalesce(input.run_at, now() + input.delay_ms * interval '1 millisecond'),
-                   coalesce(input.max_attempts, d.max_attempts, $8)
+                   coalesce(input.max_attempts,
+                            (d.by_type ->> (input.tenant || '/' || input.task_type))::int4, $8)
             from input
-            left join module_defaults d
-                   on d.tenant = input.tenant and d.task_type = input.task_type
+            cross join module_defaults d
             returning id
         ),
         woken as (
@@ -191,7 +196,12 @@ async fn insert(
                       dedup_key, ord)
         ),
         module_defaults as (
-            select a.tenant, a.task_type, m.max_attempts
+            -- One row: {"<tenant>/<task_type>": max_attempts} for every active module that
+            -- sets one (tenant names have no '/'). Each input row looks its type up by key;
+            -- a join here was planned (generic plan, input size unknown) as two index
+            -- probes per enqueued task.
+            select coalesce(jsonb_object_agg(a.tenant || '/' || a.task_type, m.max_attempts),
+                            '{}') as by_type
             from active_modules a
             join modules m using (tenant, task_type, version)
             where m.max_attempts is not null
@@ -201,10 +211,11 @@ async fn insert(
                                dedup_key)
             select input.id, input.tenant, input.task_type, input.payload, input.priority,
                    coalesce(input.run_at, now() + input.delay_ms * interval '1 millisecond'),
-                   coalesce(input.max_attempts, d.max_attempts, $9), input.dedup_key
+                   coalesce(input.max_attempts,
+                            (d.by_type ->> (input.tenant || '/' || input.task_type))::int4, $9),
+                   input.dedup_key
             from input
-            left join module_defaults d
-                   on d.tenant = input.tenant and d.task_type = input.task_type
+            cross join module_defaults d
             order by input.ord
             on conflict (tenant, dedup_key)
                 where dedup_key is not null and state in ('pending', 'running', 'retrying')
