@@ -213,6 +213,54 @@ async fn large_mixed_batches_apply_each_report_to_its_own_task(pool: PgPool) {
     }
 }
 
+/// Waits until `n` backends of this test's database wait on a lock.
+async fn backends_waiting_on_a_lock(pool: &PgPool, n: i64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "select count(*) from pg_stat_activity
+             where datname = current_database() and wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting >= n {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{waiting} of {n} backends blocked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn reports_that_wait_behind_a_heartbeat_still_apply(pool: PgPool) {
+    let runner = new_runner();
+    enqueue_n(&pool, "t", 2).await;
+    let claimed = claim(&pool, runner, 2).await;
+    // A heartbeat renews both leases and holds the rows until it commits.
+    let mut beat = pool.begin().await.unwrap();
+    assert_eq!(queue::heartbeat_leases(&mut *beat, runner, LEASE).await.unwrap(), 2);
+    // Both reports start now, so the renewed row versions are newer than their snapshots.
+    let f = failure(&claimed[0], false, Duration::from_secs(60));
+    let failing = tokio::spawn({
+        let pool = pool.clone();
+        async move { queue::fail_batch(&pool, runner, &[f]).await }
+    });
+    let c = success(&claimed[1], json!("done"));
+    let completing = tokio::spawn({
+        let pool = pool.clone();
+        async move { queue::complete_batch(&pool, runner, &[c]).await }
+    });
+    backends_waiting_on_a_lock(&pool, 2).await;
+    beat.commit().await.unwrap();
+
+    let report = failing.await.unwrap().unwrap();
+    assert_eq!((report.retrying, report.lost), (vec![claimed[0].id], vec![]));
+    assert!(completing.await.unwrap().unwrap().is_empty(), "completion lost");
+    assert_eq!(state(&pool, claimed[0].id).await, TaskState::Retrying);
+    assert_eq!(state(&pool, claimed[1].id).await, TaskState::Succeeded);
+}
+
 #[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
 async fn requeue_brings_a_dead_task_back_with_its_history(pool: PgPool) {
     let runner = new_runner();

@@ -179,11 +179,12 @@ pub async fn heartbeat_leases<'c, E: PgExecutor<'c>>(
         extended as (
             -- Rows locked right now are being completed or failed by this runner's reporter:
             -- skip them rather than wait (and never deadlock with a batch update).
-            -- By ctid, as in the claim: a TID scan of exactly the rows locked here, however
-            -- the table looked when this statement was planned.
+            -- By id (a primary-key scan however the table looked when this was planned),
+            -- not ctid: a row version locked here may be newer than this statement's
+            -- snapshot, and a TID scan would not find it.
             update tasks set lease_expires_at = now() + $2 * interval '1 millisecond'
-            where ctid = any(array(
-                select ctid from tasks
+            where id = any(array(
+                select id from tasks
                 where state = 'running' and lease_owner = $1
                 for update skip locked
             ))

@@ -103,12 +103,15 @@ pub async fn fail_batch<'c, E: PgExecutor<'c>>(
     let ids = sorted_ids(failures.iter().map(|f| f.id));
     let reports = ReportsById(failures);
     // `fenced` locks the rows still under this runner's lease at the reported attempt; the
-    // update and the delete then address exactly those row versions by ctid (TID scans).
-    // History entries get their time from the database clock.
+    // update and the delete then find them again by id. Not by ctid: when a heartbeat
+    // renewed the lease after this statement's snapshot, `fenced` locks the renewed row
+    // version, which the statement cannot see, and a TID scan for it finds nothing (the
+    // report was lost). By id, the scan finds the visible version and follows it to the
+    // locked one. History entries get their time from the database clock.
     let rows: Vec<(TaskId, bool)> = sqlx::query_as(
         r#"
         with fenced as (
-            select t.ctid,
+            select t.id,
                    (($3::jsonb #>> array[t.id::text, 'permanent'])::bool
                     or t.attempts >= t.max_attempts) as dies
             from tasks t
@@ -129,12 +132,12 @@ pub async fn fail_batch<'c, E: PgExecutor<'c>>(
                 lease_owner = null,
                 lease_expires_at = null,
                 updated_at = now()
-            where t.ctid = any(array(select ctid from fenced where not dies))
+            where t.id = any(array(select id from fenced where not dies))
             returning t.id
         ),
         killed as (
             delete from tasks t
-            where t.ctid = any(array(select ctid from fenced where dies))
+            where t.id = any(array(select id from fenced where dies))
             returning t.*, $3::jsonb -> t.id::text as report
         ),
         buried as (

@@ -91,6 +91,8 @@ async fn take_over_expired<'c, E: PgExecutor<'c>>(
         update tasks t
         set lease_owner = $1, lease_expires_at = now() + interval '1 minute', updated_at = now()
         from expired
+        -- A TID scan: a version newer than this statement's snapshot (renewed or reported
+        -- meanwhile, so no longer expired anyway) is not found and simply not taken over.
         where t.ctid = expired.ctid
         returning t.id, t.task_type, t.attempts, expired.lease_owner
         "#,
