@@ -81,16 +81,8 @@ async fn eight_concurrent_claimers_drain_ten_thousand_tasks_exactly_once(pool: P
                 if batch.is_empty() {
                     return mine;
                 }
-                let done: Vec<_> = batch
-                    .iter()
-                    .map(|c| queue::Completion {
-                        id: c.id,
-                        attempt: c.attempt,
-                        result: serde_json::json!({"by": k}),
-                        module_sha256: None,
-                        logs: None,
-                    })
-                    .collect();
+                let done: Vec<_> =
+                    batch.iter().map(|c| completion(c, serde_json::json!({"by": k}))).collect();
                 let lost = queue::complete_batch(&pool, runner, &done).await.unwrap();
                 assert!(lost.is_empty(), "no lease can be lost here");
                 mine.extend(batch.into_iter().map(|c| c.id));

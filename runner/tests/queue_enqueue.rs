@@ -95,13 +95,7 @@ async fn dedup_key_is_free_again_once_the_task_finished(pool: PgPool) {
     let c = claim(&pool, runner, 1).await.remove(0);
     // Still running: the key is held.
     assert!(!queue::enqueue(&pool, task("t", 2).dedup_key("k")).await.unwrap().created);
-    let done = queue::Completion {
-        id: c.id,
-        attempt: c.attempt,
-        result: json!({}),
-        module_sha256: None,
-        logs: None,
-    };
+    let done = completion(&c, json!({}));
     assert!(queue::complete_batch(&pool, runner, &[done]).await.unwrap().is_empty());
     let second = queue::enqueue(&pool, task("t", 3).dedup_key("k")).await.unwrap();
     assert!(second.created);

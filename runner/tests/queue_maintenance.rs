@@ -8,7 +8,7 @@ use std::{collections::HashSet, time::Duration};
 use common::*;
 use serde_json::json;
 use sqlx::PgPool;
-use sweep::queue::{self, Completion, RetryPolicy, TaskState};
+use sweep::queue::{self, RetryPolicy, TaskState};
 
 fn instant_retry(_: &str) -> RetryPolicy {
     RetryPolicy { base: Duration::ZERO, cap: Duration::ZERO, jitter: 0.0 }
@@ -88,17 +88,7 @@ async fn retention_deletes_old_finished_tasks_in_batches(pool: PgPool) {
     let runner = new_runner();
     let ids = enqueue_n(&pool, "t", 30).await;
     let claimed = claim(&pool, runner, 25).await;
-    let done: Vec<_> = claimed
-        .iter()
-        .take(20)
-        .map(|c| Completion {
-            id: c.id,
-            attempt: 1,
-            result: json!({}),
-            module_sha256: None,
-            logs: None,
-        })
-        .collect();
+    let done: Vec<_> = claimed.iter().take(20).map(|c| completion(c, json!({}))).collect();
     queue::complete_batch(&pool, runner, &done).await.unwrap();
     queue::cancel(&pool, None, *ids.last().unwrap()).await.unwrap();
 
@@ -133,16 +123,7 @@ async fn stats_count_by_tenant_type_and_state(pool: PgPool) {
     assert_eq!(claimed.len(), 4);
     let (done, failed): (Vec<_>, Vec<_>) =
         claimed.iter().partition(|c| c.task_type == "a" && c.payload["n"] != 2);
-    let done: Vec<_> = done
-        .iter()
-        .map(|c| Completion {
-            id: c.id,
-            attempt: 1,
-            result: json!({}),
-            module_sha256: None,
-            logs: None,
-        })
-        .collect();
+    let done: Vec<_> = done.iter().map(|c| completion(c, json!({}))).collect();
     queue::complete_batch(&pool, runner, &done).await.unwrap();
     let failures: Vec<_> = failed
         .iter()

@@ -163,15 +163,14 @@ async fn throughput(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let done = n;
     let secs = run_started.elapsed().as_secs_f64();
     bar.finish_and_clear();
     let _ = stop.send(());
     runner.await??;
 
-    let rate = done as f64 / secs;
+    let rate = n as f64 / secs;
     println!(
-        "drained {done} tasks in {secs:.2}s: {rate:.0} tasks/s  (batch {}, concurrency {}, fresh \
+        "drained {n} tasks in {secs:.2}s: {rate:.0} tasks/s  (batch {}, concurrency {}, fresh \
          instance per task, fuel + epoch deadline + memory + output limits on)",
         config.batch_size, config.concurrency
     );

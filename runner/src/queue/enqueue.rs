@@ -115,6 +115,23 @@ impl From<&[NewTask]> for Columns {
     }
 }
 
+/// The `module_defaults` CTE both insert statements share: one row,
+/// `{"<tenant>/<task_type>": max_attempts}` for every active module that sets one (tenant
+/// names have no '/'). Each input row looks its type up by key; a join here was planned
+/// (generic plan, input size unknown) as two index probes per enqueued task.
+macro_rules! module_defaults_cte {
+    () => {
+        r#"
+        module_defaults as (
+            select coalesce(jsonb_object_agg(a.tenant || '/' || a.task_type, m.max_attempts),
+                            '{}') as by_type
+            from active_modules a
+            join modules m using (tenant, task_type, version)
+            where m.max_attempts is not null
+        ),"#
+    };
+}
+
 /// The bulk path, for batches without dedup keys: nothing can conflict, so a plain INSERT.
 /// Ids are drawn in input order before any join can reorder rows, so the returned ids, sorted,
 /// are the input order.
@@ -122,7 +139,7 @@ async fn insert_plain(
     conn: &mut sqlx::PgConnection,
     c: &Columns,
 ) -> Result<Vec<Enqueued>, QueueError> {
-    let mut ids: Vec<TaskId> = sqlx::query_scalar(
+    let mut ids: Vec<TaskId> = sqlx::query_scalar(concat!(
         r#"
         with input as (
             select nextval((select pg_get_serial_sequence('tasks', 'id')::regclass)) as id, i.*
@@ -130,17 +147,9 @@ async fn insert_plain(
                         $6::int8[], $7::int4[])
                  as i(tenant, task_type, payload, priority, run_at, delay_ms, max_attempts)
         ),
-        module_defaults as (
-            -- One row: {"<tenant>/<task_type>": max_attempts} for every active module that
-            -- sets one (tenant names have no '/'). Each input row looks its type up by key;
-            -- a join here was planned (generic plan, input size unknown) as two index
-            -- probes per enqueued task.
-            select coalesce(jsonb_object_agg(a.tenant || '/' || a.task_type, m.max_attempts),
-                            '{}') as by_type
-            from active_modules a
-            join modules m using (tenant, task_type, version)
-            where m.max_attempts is not null
-        ),
+        "#,
+        module_defaults_cte!(),
+        r#"
         inserted as (
             insert into tasks (id, tenant, task_type, payload, priority, run_at, max_attempts)
             select input.id, input.tenant, input.task_type, input.payload, input.priority,
@@ -155,8 +164,8 @@ async fn insert_plain(
             select count(*) from (select pg_notify('sweep_tasks', '') from inserted limit 1) n
         )
         select id from inserted cross join woken
-        "#,
-    )
+        "#
+    ))
     .bind(&c.tenants)
     .bind(&c.task_types)
     .bind(&c.payloads)
@@ -185,7 +194,7 @@ async fn insert(
     // Ids are drawn up front so each input row can be matched to its inserted row; rows
     // skipped by ON CONFLICT find their task among this statement's inserts (same key twice
     // in one batch) or among live tasks.
-    let rows: Vec<(Option<i64>, bool)> = sqlx::query_as(
+    let rows: Vec<(Option<i64>, bool)> = sqlx::query_as(concat!(
         r#"
         with input as materialized (
             select nextval((select pg_get_serial_sequence('tasks', 'id')::regclass)) as id, i.*
@@ -195,17 +204,9 @@ async fn insert(
                  as i(tenant, task_type, payload, priority, run_at, delay_ms, max_attempts,
                       dedup_key, ord)
         ),
-        module_defaults as (
-            -- One row: {"<tenant>/<task_type>": max_attempts} for every active module that
-            -- sets one (tenant names have no '/'). Each input row looks its type up by key;
-            -- a join here was planned (generic plan, input size unknown) as two index
-            -- probes per enqueued task.
-            select coalesce(jsonb_object_agg(a.tenant || '/' || a.task_type, m.max_attempts),
-                            '{}') as by_type
-            from active_modules a
-            join modules m using (tenant, task_type, version)
-            where m.max_attempts is not null
-        ),
+        "#,
+        module_defaults_cte!(),
+        r#"
         inserted as (
             insert into tasks (id, tenant, task_type, payload, priority, run_at, max_attempts,
                                dedup_key)
@@ -242,8 +243,8 @@ async fn insert(
             limit 1
         ) live on true
         order by input.ord
-        "#,
-    )
+        "#
+    ))
     .bind(&c.tenants)
     .bind(&c.task_types)
     .bind(&c.payloads)

@@ -2,7 +2,8 @@
 //! with `warp::test::request()`), tenants, module bytes and hand-written `.wat` fixtures.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::path::PathBuf;
+#[path = "../common/mod.rs"]
+mod common;
 
 use serde_json::Value;
 use sqlx::PgPool;
@@ -147,15 +148,8 @@ impl Api {
     }
 }
 
-/// The bytes of a module built by `scripts/build-modules.sh`.
-pub fn module(name: &str) -> Vec<u8> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let path = target.join("wasm32-wasip1/wasm").join(format!("{name}.wasm"));
-    std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}; run scripts/build-modules.sh", path.display()))
-}
+/// The bytes of a module built by `scripts/build-modules.sh` (one locator for every test).
+pub use common::module_bytes as module;
 
 /// A module from WebAssembly text.
 pub fn wat(text: &str) -> Vec<u8> {

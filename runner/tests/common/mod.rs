@@ -28,6 +28,11 @@ pub async fn claim(pool: &PgPool, runner: Uuid, n: usize) -> Vec<ClaimedTask> {
     queue::claim_batch(pool, runner, n, &[], LEASE).await.expect("claim")
 }
 
+/// A successful report of claimed task `c` with `result` (no module sha, no logs).
+pub fn completion(c: &ClaimedTask, result: serde_json::Value) -> queue::Completion {
+    queue::Completion { id: c.id, attempt: c.attempt, result, module_sha256: None, logs: None }
+}
+
 pub async fn show(pool: &PgPool, id: TaskId) -> TaskView {
     queue::get_task(pool, None, id).await.expect("get_task")
 }
