@@ -6,6 +6,8 @@ use std::time::Duration;
 use crate::{queue::RetryPolicy, sandbox::SandboxConfig};
 
 pub const DEFAULT_CONCURRENCY: usize = 16;
+/// Instances beyond `concurrency` that let a queue with nothing running start at once.
+pub const DEFAULT_SPARE_SLOTS: usize = 4;
 pub const DEFAULT_BATCH_SIZE: usize = 50;
 /// Claim statements a runner keeps in flight at once.
 pub const DEFAULT_CLAIMERS: usize = 2;
@@ -18,6 +20,9 @@ pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 pub const DEFAULT_RETENTION_BATCH: usize = 1000;
 /// How often a runner vacuums the live table (see `queue::vacuum_live`).
 pub const DEFAULT_VACUUM_INTERVAL: Duration = Duration::from_secs(10);
+/// How often a runner checks queue hints that say nothing is due (see
+/// `queue::repair_queue_hints`).
+pub const DEFAULT_HINT_REPAIR_INTERVAL: Duration = Duration::from_secs(5);
 /// Runner rows silent for this long are pruned from `runners`.
 pub const DEFAULT_RUNNER_EXPIRY: Duration = Duration::from_secs(3600);
 /// Most reports written in one completion statement.
@@ -27,6 +32,9 @@ pub const DEFAULT_REPORT_BATCH: usize = 500;
 pub struct WorkerConfig {
     /// Tasks that run at once.
     pub concurrency: usize,
+    /// Extra instances, used only for queues with nothing running on any runner while every
+    /// slot is busy (see `worker`). The sandbox needs `concurrency + spare_slots` instances.
+    pub spare_slots: usize,
     /// Most tasks claimed per statement.
     pub batch_size: usize,
     /// Claim loops running side by side, so one claim's round trip does not idle the slots.
@@ -53,6 +61,7 @@ pub struct MaintenanceConfig {
     pub retention_interval: Duration,
     pub retention_batch: usize,
     pub runner_expiry: Duration,
+    pub hint_repair_interval: Duration,
     /// Vacuum the live table this often; `None` leaves it to autovacuum.
     pub vacuum_interval: Option<Duration>,
 }
@@ -65,6 +74,7 @@ impl Default for MaintenanceConfig {
             retention_interval: DEFAULT_RETENTION_INTERVAL,
             retention_batch: DEFAULT_RETENTION_BATCH,
             runner_expiry: DEFAULT_RUNNER_EXPIRY,
+            hint_repair_interval: DEFAULT_HINT_REPAIR_INTERVAL,
             vacuum_interval: Some(DEFAULT_VACUUM_INTERVAL),
         }
     }
@@ -74,6 +84,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
             concurrency: DEFAULT_CONCURRENCY,
+            spare_slots: DEFAULT_SPARE_SLOTS,
             batch_size: DEFAULT_BATCH_SIZE,
             claimers: DEFAULT_CLAIMERS,
             lease: DEFAULT_LEASE,
@@ -83,7 +94,10 @@ impl Default for WorkerConfig {
             retry: RetryPolicy::default(),
             report_batch: DEFAULT_REPORT_BATCH,
             maintenance: MaintenanceConfig::default(),
-            sandbox: SandboxConfig::default(),
+            sandbox: SandboxConfig {
+                max_concurrency: (DEFAULT_CONCURRENCY + DEFAULT_SPARE_SLOTS) as u32,
+                ..SandboxConfig::default()
+            },
         }
     }
 }
@@ -95,8 +109,11 @@ pub enum ConfigError {
     Zero(&'static str),
     #[error("the lease ({lease:?}) must be at least three times the poll granularity of 1s")]
     LeaseTooShort { lease: Duration },
-    #[error("concurrency ({concurrency}) exceeds the sandbox's max_concurrency ({sandbox})")]
-    ConcurrencyAboveSandbox { concurrency: usize, sandbox: u32 },
+    #[error(
+        "concurrency ({concurrency}) plus spare slots ({spare}) exceeds the sandbox's \
+         max_concurrency ({sandbox})"
+    )]
+    ConcurrencyAboveSandbox { concurrency: usize, spare: usize, sandbox: u32 },
     #[error("retry policy: {0}")]
     Retry(#[from] crate::queue::RetryPolicyError),
     #[error("sandbox: {0}")]
@@ -125,6 +142,7 @@ impl WorkerConfig {
             ("poll_interval", self.poll_interval),
             ("reaper_interval", self.maintenance.reaper_interval),
             ("retention_interval", self.maintenance.retention_interval),
+            ("hint_repair_interval", self.maintenance.hint_repair_interval),
             ("vacuum_interval", self.maintenance.vacuum_interval.unwrap_or(Duration::MAX)),
         ] {
             if value.is_zero() {
@@ -135,9 +153,11 @@ impl WorkerConfig {
             return Err(ConfigError::LeaseTooShort { lease: self.lease });
         }
         let sandbox_slots = self.sandbox.max_concurrency;
-        if u32::try_from(self.concurrency).map_or(true, |c| c > sandbox_slots) {
+        let instances = self.concurrency.saturating_add(self.spare_slots);
+        if u32::try_from(instances).map_or(true, |c| c > sandbox_slots) {
             return Err(ConfigError::ConcurrencyAboveSandbox {
                 concurrency: self.concurrency,
+                spare: self.spare_slots,
                 sandbox: sandbox_slots,
             });
         }

@@ -1,20 +1,30 @@
 //! The runner loop: claim -> run -> report, with heartbeats, maintenance and graceful shutdown.
 //!
-//! Shape: one claim loop takes as many due tasks as there are free slots (up to a batch),
-//! spawns each into its own tokio task that runs the module in the sandbox, and hands the
-//! outcome to the reporter, which writes completions and failures back in batches while the
-//! claim loop already claims the next batch. Heartbeats renew every lease this runner holds;
-//! maintenance runs the reaper, retention and runner pruning.
+//! Shape: claim lanes take as many due tasks as there are free slots (up to a batch), shared
+//! fairly among tenants and task types by the claim itself, spawn each into its own tokio task
+//! and hand the outcome to the reporter, which writes completions and failures back in batches
+//! while the lanes already claim the next batch. The guest itself runs on the guest runtime
+//! ([`Guests`]), never on the runtime of the lanes, heartbeats, reporter and admin API.
+//! Heartbeats renew every lease this runner holds; maintenance runs the reaper, retention,
+//! runner pruning and the repair of queue hints.
+//!
+//! Spare slots: while every slot is busy, a lane woken by an enqueue claims in
+//! [`ClaimMode::Starved`] into the spare slots (instances beyond `concurrency`): one task each
+//! for queues with nothing running anywhere. A newly due tenant or task type so starts within
+//! one wake-up even when long tasks hold every slot; its guest shares the cores with the others
+//! at their epoch yields, and freed slots then go to it by fair share.
 //!
 //! Invariants:
 //! - a slot (semaphore permit) is held from claim until the outcome is queued for reporting,
-//!   so at most `concurrency` tasks run at once;
+//!   so at most `concurrency` + `spare_slots` tasks run at once, the spare ones only for queues
+//!   that had nothing running when claimed;
 //! - every task this runner claimed ends in exactly one report: a completion, a failure, or
 //!   (on shutdown past the grace period) a release that hands it back uncounted; no task is
 //!   left `running` after `run` returns, except when the database is unreachable, in which case
 //!   the lease expires and the reaper of another runner takes over.
 
 mod execute;
+mod guests;
 mod maintenance;
 mod report;
 
@@ -33,10 +43,11 @@ use uuid::Uuid;
 
 use crate::{
     config::WorkerConfig,
-    queue::{self, ClaimedTask, QueueError, TaskId, Wakeups},
+    queue::{self, ClaimMode, ClaimedTask, QueueError, TaskId, Wakeups},
     sandbox::{ModuleCache, Sandbox, SandboxError},
 };
 
+pub use guests::Guests;
 pub use report::Report;
 
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +59,8 @@ pub enum WorkerError {
     Sandbox(#[from] SandboxError),
     #[error("queue: {0}")]
     Queue(#[from] QueueError),
+    #[error("starting the guest runtime: {0}")]
+    GuestRuntime(#[from] std::io::Error),
 }
 
 /// What a runner did over its life.
@@ -63,6 +76,7 @@ pub struct Worker {
     id: Uuid,
     pool: PgPool,
     sandbox: Sandbox,
+    guests: Guests,
     modules: ModuleCache,
     config: Arc<WorkerConfig>,
 }
@@ -73,6 +87,7 @@ type InFlight = Arc<Mutex<HashMap<TaskId, (i32, AbortHandle)>>>;
 /// What a claim lane shares with the others.
 struct Lane {
     slots: Arc<Semaphore>,
+    spare: Arc<Semaphore>,
     reports: mpsc::UnboundedSender<Report>,
     in_flight: InFlight,
     wakeups: Arc<Wakeups>,
@@ -83,14 +98,19 @@ impl Worker {
     pub fn new(pool: PgPool, config: WorkerConfig) -> Result<Self, WorkerError> {
         config.validate()?;
         let sandbox = Sandbox::new(config.sandbox.clone())?;
-        Ok(Self::with_sandbox(pool, sandbox, config))
+        Self::with_sandbox(pool, sandbox, config)
     }
 
     /// A worker sharing an existing sandbox (the admin API validates uploads with the same
     /// engine).
-    pub fn with_sandbox(pool: PgPool, sandbox: Sandbox, config: WorkerConfig) -> Self {
+    pub fn with_sandbox(
+        pool: PgPool,
+        sandbox: Sandbox,
+        config: WorkerConfig,
+    ) -> Result<Self, WorkerError> {
         let modules = ModuleCache::new(sandbox.clone());
-        Worker { id: Uuid::new_v4(), pool, sandbox, modules, config: Arc::new(config) }
+        let guests = Guests::start_default()?;
+        Ok(Worker { id: Uuid::new_v4(), pool, sandbox, guests, modules, config: Arc::new(config) })
     }
 
     pub fn id(&self) -> Uuid {
@@ -134,6 +154,7 @@ impl Worker {
         ));
 
         let slots = Arc::new(Semaphore::new(self.config.concurrency));
+        let spare = Arc::new(Semaphore::new(self.config.spare_slots));
         let in_flight: InFlight = Arc::default();
         let wakeups = Arc::new(wakeups);
         let (claim_stop_tx, claim_stop_rx) = watch::channel(false);
@@ -141,6 +162,7 @@ impl Worker {
             .map(|_| {
                 let lane = Lane {
                     slots: Arc::clone(&slots),
+                    spare: Arc::clone(&spare),
                     reports: report_tx.clone(),
                     in_flight: Arc::clone(&in_flight),
                     wakeups: Arc::clone(&wakeups),
@@ -158,7 +180,11 @@ impl Worker {
 
         tracing::info!(runner = %self.id, "stopping: no new claims, waiting for running tasks");
         let all = u32::try_from(self.config.concurrency).unwrap_or(u32::MAX);
-        let drained = tokio::time::timeout(self.config.grace_period, slots.acquire_many(all)).await;
+        let all_spare = u32::try_from(self.config.spare_slots).unwrap_or(u32::MAX);
+        let drained = tokio::time::timeout(self.config.grace_period, async {
+            let _ = tokio::join!(slots.acquire_many(all), spare.acquire_many(all_spare));
+        })
+        .await;
         if drained.is_err() {
             summary.released = self.hand_back(&in_flight).await;
         }
@@ -175,67 +201,93 @@ impl Worker {
 
     /// One claim lane: waits for free slots, claims up to that many due tasks (at most a
     /// batch), spawns each, and sleeps on NOTIFY or the poll interval when nothing is due.
+    /// While every slot is busy, a wake-up lets it claim into the spare slots instead.
     /// Several lanes keep several claims in flight. Returns how many tasks it claimed.
-    async fn claim_loop(self, mut lane: Lane) -> u64 {
+    async fn claim_loop(self, lane: Lane) -> u64 {
         let mut claimed_total = 0;
+        let mut stop = lane.stop.clone();
         loop {
-            let first = tokio::select! {
+            let next = tokio::select! {
                 biased;
-                _ = lane.stop.changed() => break,
+                _ = stop.changed() => break,
                 permit = Arc::clone(&lane.slots).acquire_owned() => match permit {
-                    Ok(p) => p,
+                    Ok(p) => (p, ClaimMode::Fair),
                     Err(_) => break,
                 },
+                spare = spare_wakeup(&lane, self.config.poll_interval) => match spare {
+                    Some(p) => (p, ClaimMode::Starved),
+                    None => break,
+                },
             };
-            let mut permits = vec![first];
-            let extra = lane.slots.available_permits().min(self.config.batch_size - 1);
-            if extra > 0 {
-                if let Ok(more) = Arc::clone(&lane.slots).try_acquire_many_owned(extra as u32) {
-                    permits.push(more);
-                }
+            let (first, mode) = next;
+            if mode == ClaimMode::Starved {
+                claimed_total += self.claim_into(&lane, first, mode).await;
+                continue;
             }
-            let want = permits.iter().map(|p| p.num_permits()).sum::<usize>();
-            let claimed = match queue::claim_batch(
-                &self.pool,
-                self.id,
-                want,
-                &self.config.task_types,
-                self.config.lease,
-            )
-            .await
-            {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "claim failed; retrying after the poll interval");
-                    drop(permits);
-                    tokio::select! {
-                        _ = lane.stop.changed() => break,
-                        () = tokio::time::sleep(self.config.poll_interval) => continue,
-                    }
-                }
-            };
-            claimed_total += claimed.len() as u64;
-            metrics::counter!(crate::metrics::TASKS_CLAIMED).increment(claimed.len() as u64);
-            if claimed.len() == want && want == self.config.batch_size {
-                // A full batch: more is probably due; let an idle lane start claiming too.
-                lane.wakeups.wake();
-            }
-            let empty = claimed.is_empty();
-            let mut slots_for_tasks = split_permits(permits, claimed.len());
-            for task in claimed {
-                let Some(permit) = slots_for_tasks.pop() else { break };
-                self.spawn_task(task, permit, &lane.reports, &lane.in_flight);
-            }
-            drop(slots_for_tasks);
-            if empty {
+            let claimed = self.claim_into(&lane, first, ClaimMode::Fair).await;
+            claimed_total += claimed;
+            if claimed == 0 {
                 tokio::select! {
                     biased;
-                    _ = lane.stop.changed() => break,
+                    _ = stop.changed() => break,
                     _ = lane.wakeups.wait(self.config.poll_interval) => {}
                 }
             }
         }
         claimed_total
+    }
+
+    /// Tops `first` up with as many free permits of the same kind as a batch allows, claims
+    /// that many tasks in `mode` and spawns them; unused permits go back when dropped.
+    /// Returns how many tasks it claimed.
+    async fn claim_into(&self, lane: &Lane, first: OwnedSemaphorePermit, mode: ClaimMode) -> u64 {
+        let semaphore = match mode {
+            ClaimMode::Fair => &lane.slots,
+            ClaimMode::Starved => &lane.spare,
+        };
+        let mut permits = vec![first];
+        let extra = semaphore.available_permits().min(self.config.batch_size - 1);
+        if extra > 0 {
+            if let Ok(more) = Arc::clone(semaphore).try_acquire_many_owned(extra as u32) {
+                permits.push(more);
+            }
+        }
+        let want = permits.iter().map(|p| p.num_permits()).sum::<usize>();
+        let claimed = match queue::claim(
+            &self.pool,
+            self.id,
+            want,
+            &self.config.task_types,
+            self.config.lease,
+            mode,
+        )
+        .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "claim failed; retrying after the poll interval");
+                drop(permits);
+                let mut stop = lane.stop.clone();
+                tokio::select! {
+                    _ = stop.changed() => {},
+                    () = tokio::time::sleep(self.config.poll_interval) => {},
+                }
+                // Not zero: the caller must not also wait for a wake-up.
+                return 1;
+            }
+        };
+        let count = claimed.len() as u64;
+        metrics::counter!(crate::metrics::TASKS_CLAIMED).increment(count);
+        if claimed.len() == want && (want == self.config.batch_size || mode == ClaimMode::Starved) {
+            // A full batch: more is probably due; let an idle lane start claiming too.
+            lane.wakeups.wake();
+        }
+        let mut slots_for_tasks = split_permits(permits, claimed.len());
+        for task in claimed {
+            let Some(permit) = slots_for_tasks.pop() else { break };
+            self.spawn_task(task, permit, &lane.reports, &lane.in_flight);
+        }
+        count
     }
 
     fn spawn_task(
@@ -256,6 +308,7 @@ impl Worker {
             let report = execute::execute(
                 &worker.pool,
                 &worker.sandbox,
+                &worker.guests,
                 &worker.modules,
                 &worker.config,
                 task,
@@ -297,6 +350,18 @@ impl Worker {
             }
         }
     }
+}
+
+/// Resolves, while every slot is busy and a spare slot is free, on the next wake-up (or poll,
+/// the backstop) with that spare slot. Pending while a slot is free or no spare slot is, so
+/// the caller's other branches decide.
+async fn spare_wakeup(lane: &Lane, poll: std::time::Duration) -> Option<OwnedSemaphorePermit> {
+    if lane.slots.available_permits() > 0 {
+        return std::future::pending().await;
+    }
+    let permit = Arc::clone(&lane.spare).acquire_owned().await.ok()?;
+    lane.wakeups.wait(poll).await;
+    Some(permit)
 }
 
 /// Splits a set of permits into one single-slot permit per task, returning the rest to the

@@ -37,6 +37,7 @@ async fn serve(pool: &PgPool) -> (String, oneshot::Sender<()>, tokio::task::Join
 fn worker_config() -> WorkerConfig {
     WorkerConfig {
         concurrency: 4,
+        spare_slots: 0,
         poll_interval: Duration::from_millis(50),
         retry: RetryPolicy {
             base: Duration::from_millis(1),

@@ -38,7 +38,7 @@ async fn upload_answers_201_with_version_hash_size_and_limits(pool: PgPool) {
 
     // New limits make a new version, which becomes active.
     let path = "/v1/modules/wordcount?fuel=1000000&timeout_ms=500&memory_mb=16&max_attempts=2\
-                &backoff_base_ms=10&backoff_cap_ms=100";
+                &backoff_base_ms=10&backoff_cap_ms=100&max_running=3";
     let v2 = api.put_wasm(path, OP, &bytes).await;
     let v2 = v2.ok(201);
     assert_eq!(v2["version"], 2);
@@ -46,7 +46,7 @@ async fn upload_answers_201_with_version_hash_size_and_limits(pool: PgPool) {
         v2["limits"],
         json!({"fuel": 1_000_000, "timeout_ms": 500, "memory_bytes": 16 << 20,
                "output_bytes": sweep::sandbox::DEFAULT_OUTPUT_BYTES, "max_attempts": 2,
-               "backoff_base_ms": 10, "backoff_cap_ms": 100})
+               "backoff_base_ms": 10, "backoff_cap_ms": 100, "max_running": 3})
     );
 }
 

@@ -187,6 +187,7 @@ mod tests {
     fn tenants_cannot_name_another_tenant() {
         let t = Tenant {
             name: "acme".into(),
+            weight: 1,
             caps: TenantCaps::default(),
             created_at: chrono::Utc::now(),
         };

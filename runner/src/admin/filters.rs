@@ -14,7 +14,7 @@ use super::auth::{authenticate, Caller};
 use super::body;
 use super::error::{recover, ApiError};
 use super::handlers::{modules, ops, tasks, Answer};
-use super::models::{ActivateRequest, EnqueueRequest};
+use super::models::{ActivateRequest, EnqueueRequest, WeightRequest};
 use super::AdminState;
 use crate::queue::TaskId;
 
@@ -143,11 +143,21 @@ pub fn routes(
             |state, caller: Caller| async move { respond(ops::tenants(state, caller).await) },
         );
 
+    let weight = warp::path!("v1" / "tenants" / String / "weight")
+        .and(warp::put())
+        .and(with(&state))
+        .and(auth())
+        .and(body::json::<WeightRequest>(json_limit))
+        .and_then(|name, state, caller, request| async move {
+            respond(ops::set_weight(state, caller, name, request).await)
+        });
+
     let probes = healthz.or(readyz).unify().or(metrics).unify();
     let module_routes =
         upload.or(module_list).unify().or(module_versions).unify().or(activate).unify();
     let task_routes = enqueue.or(batch).unify().or(task_show).unify().or(cancel).unify();
-    let ops_routes = dead.or(requeue).unify().or(stats).unify().or(tenants).unify();
+    let ops_routes =
+        dead.or(requeue).unify().or(stats).unify().or(tenants).unify().or(weight).unify();
     probes
         .or(module_routes.boxed())
         .unify()

@@ -76,6 +76,13 @@ pub struct ActivateRequest {
     pub version: i32,
 }
 
+/// `PUT /v1/tenants/{name}/weight` body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightRequest {
+    pub weight: i32,
+}
+
 /// `POST /v1/tasks/batch` answer: one entry per input task, in input order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BatchResponse {

@@ -89,6 +89,8 @@ pub struct RequestedLimits {
     pub max_attempts: Option<u64>,
     pub backoff_base_ms: Option<u64>,
     pub backoff_cap_ms: Option<u64>,
+    /// Most tasks of this type running at once across all runners.
+    pub max_running: Option<u64>,
 }
 
 impl RequestedLimits {
@@ -100,6 +102,7 @@ impl RequestedLimits {
             max_attempts: q.take_positive("max_attempts")?,
             backoff_base_ms: q.take_positive("backoff_base_ms")?,
             backoff_cap_ms: q.take_positive("backoff_cap_ms")?,
+            max_running: q.take_positive("max_running")?,
         })
     }
 }
@@ -115,7 +118,11 @@ pub struct EffectiveLimits {
     pub max_attempts: i32,
     pub backoff_base_ms: Option<i64>,
     pub backoff_cap_ms: Option<i64>,
+    pub max_running: Option<i32>,
 }
+
+/// Highest per-type running limit an upload may set.
+const MAX_RUNNING_LIMIT: u64 = 1_000_000;
 
 fn over(what: &str, value: u64, unit: &str, bound: &str, limit: u64) -> ApiError {
     ApiError::unprocessable(
@@ -206,6 +213,12 @@ pub fn resolve_limits(
         }
     }
 
+    let max_running = match req.max_running {
+        Some(n) if n > MAX_RUNNING_LIMIT => {
+            return Err(over("max_running", n, "", "the maximum", MAX_RUNNING_LIMIT));
+        }
+        n => n.and_then(|n| i32::try_from(n).ok()),
+    };
     let to_i64 = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
     let settings = ModuleSettings {
         fuel: to_i64(fuel),
@@ -214,6 +227,7 @@ pub fn resolve_limits(
         max_attempts,
         backoff_base_ms: to_i64(req.backoff_base_ms),
         backoff_cap_ms: to_i64(req.backoff_cap_ms),
+        max_running,
     };
     let overrides = LimitOverrides {
         fuel,
@@ -230,6 +244,7 @@ pub fn resolve_limits(
         max_attempts: max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
         backoff_base_ms: settings.backoff_base_ms,
         backoff_cap_ms: settings.backoff_cap_ms,
+        max_running,
     };
     Ok((settings, effective))
 }

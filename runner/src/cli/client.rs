@@ -143,6 +143,9 @@ pub struct UploadArgs {
     /// Longest retry delay in milliseconds.
     #[arg(long)]
     pub backoff_cap_ms: Option<u64>,
+    /// Most tasks of this type running at once across all runners.
+    #[arg(long)]
+    pub max_running: Option<u64>,
     /// (Operator) upload for this tenant instead of `default`.
     #[arg(long)]
     pub tenant: Option<String>,
@@ -202,6 +205,7 @@ async fn upload(args: UploadArgs) -> anyhow::Result<()> {
         ("max_attempts", args.max_attempts),
         ("backoff_base_ms", args.backoff_base_ms),
         ("backoff_cap_ms", args.backoff_cap_ms),
+        ("max_running", args.max_running),
     ] {
         if let Some(v) = value {
             query.push((name, v.to_string()));

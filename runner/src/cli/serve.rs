@@ -41,6 +41,10 @@ pub struct WorkerArgs {
     /// Tasks that run at once.
     #[arg(long, env = "SWEEP_CONCURRENCY", default_value_t = sweep::config::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
+    /// Extra instances for queues with nothing running while every slot is busy, so a newly
+    /// due tenant or task type starts at once (0: none).
+    #[arg(long, env = "SWEEP_SPARE_SLOTS", default_value_t = sweep::config::DEFAULT_SPARE_SLOTS)]
+    pub spare_slots: usize,
     /// Most tasks claimed per statement.
     #[arg(long, env = "SWEEP_BATCH_SIZE", default_value_t = sweep::config::DEFAULT_BATCH_SIZE)]
     pub batch_size: usize,
@@ -106,6 +110,7 @@ impl WorkerArgs {
         };
         WorkerConfig {
             concurrency: self.concurrency,
+            spare_slots: self.spare_slots,
             batch_size: self.batch_size,
             claimers: self.claimers,
             lease: Duration::from_secs(self.lease_secs),
@@ -114,7 +119,8 @@ impl WorkerArgs {
             task_types: self.task_types.clone(),
             sandbox: SandboxConfig {
                 pooling: !self.no_pooling,
-                max_concurrency: u32::try_from(self.concurrency).unwrap_or(u32::MAX),
+                max_concurrency: u32::try_from(self.concurrency.saturating_add(self.spare_slots))
+                    .unwrap_or(u32::MAX),
                 defaults,
                 maxima,
                 ..SandboxConfig::default()

@@ -17,11 +17,23 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// Which slots a claim fills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimMode {
+    /// The runner's ordinary slots, shared fairly among every queue with due work.
+    Fair,
+    /// The runner's spare instances: one task each for queues (tenant, task type) that have
+    /// nothing running on any runner, so newly due work gets in while every slot is busy.
+    Starved,
+}
+
 /// Claims up to `limit` due tasks for `runner` in one statement (`FOR UPDATE SKIP LOCKED`, so
-/// concurrent claimers never wait on each other or take the same task). `task_types` empty
-/// means any type. Each claimed task is `running` at attempt `attempts + 1`, leased for
-/// `lease`. A tenant with a running cap never has more than that many tasks running across
-/// all runners (run this in READ COMMITTED, the default, for the cap to see other claims).
+/// concurrent claimers never wait on each other or take the same task), shared fairly among
+/// tenants (by weight) and their task types, counting what every runner holds: see
+/// `claim.sql` for the policy. `task_types` empty means any type. Each claimed task is
+/// `running` at attempt `attempts + 1`, leased for `lease`. Tenant running caps and task type
+/// running limits hold across all runners (run this in READ COMMITTED, the default, for them to
+/// see other claims).
 pub async fn claim_batch<'c, E: PgExecutor<'c>>(
     executor: E,
     runner: Uuid,
@@ -29,86 +41,38 @@ pub async fn claim_batch<'c, E: PgExecutor<'c>>(
     task_types: &[String],
     lease: Duration,
 ) -> Result<Vec<ClaimedTask>, QueueError> {
+    claim(executor, runner, limit, task_types, lease, ClaimMode::Fair).await
+}
+
+/// [`claim_batch`] with an explicit [`ClaimMode`].
+pub async fn claim<'c, E: PgExecutor<'c>>(
+    executor: E,
+    runner: Uuid,
+    limit: usize,
+    task_types: &[String],
+    lease: Duration,
+    mode: ClaimMode,
+) -> Result<Vec<ClaimedTask>, QueueError> {
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
     // The active module of each task's type is resolved in the same statement, so a newly
     // activated version applies to every task claimed after the activation committed.
-    //
-    // Tenant running caps (`tenants.max_running`): `caps` asks, for each capped tenant only,
-    // how many more of its tasks may start (taking that tenant's claim lock, or answering 0
-    // when another runner holds it, see `sweep_tenant_free_slots` in
-    // migrations/0003_tenants.sql); tenants with no free slot are skipped by the scan, and
-    // `allowed` trims each capped tenant's picks to its free slots (the trimmed rows stay
-    // unclaimed). With no capped tenant, `caps` is empty, the scan's anti-join is against
-    // nothing and `allowed` passes `picked` through without the window.
     //
     // The claim commits asynchronously (`synchronous_commit = off` for this transaction only):
     // if Postgres crashes within ~3 x wal_writer_delay of the commit, the claim is lost and
     // the task is simply pending again, to be claimed (and run) once more: at-least-once
     // holds, and the runner that lost it is fenced out when it reports. See benches/README.md.
-    let rows: Vec<ClaimRow> = sqlx::query_as(
-        r#"
-        with caps as materialized (
-            select name, sweep_tenant_free_slots(name, max_running) as free
-            from tenants
-            where max_running is not null
-        ),
-        picked as (
-            select ctid, id, tenant, priority, run_at from tasks
-            where state in ('pending', 'retrying')
-              and run_at <= now()
-              and (cardinality($3::text[]) = 0 or task_type = any($3::text[]))
-              and not exists (select 1 from caps c where c.free = 0 and c.name = tasks.tenant)
-            order by priority desc, run_at, id
-            limit $2
-            for update skip locked
-        ),
-        allowed as (
-            -- exactly one branch runs: both conditions are evaluated once, up front
-            select ctid from picked where not exists (select 1 from caps)
-            union all
-            select ctid from (
-                select p.ctid, p.id, c.free,
-                       row_number() over (partition by p.tenant
-                                          order by p.priority desc, p.run_at, p.id) as n
-                from picked p
-                left join caps c on c.name = p.tenant
-                where exists (select 1 from caps)
-            ) w
-            where w.free is null or w.n <= w.free
-        ),
-        claimed as (
-            update tasks t
-            set state = 'running',
-                attempts = t.attempts + 1,
-                lease_owner = $1,
-                lease_expires_at = now() + $4 * interval '1 millisecond',
-                started_at = now(),
-                updated_at = now()
-            -- By ctid: the very row versions `picked` locked (a TID scan, no second index
-            -- lookup); we hold their row locks, so they cannot change before this update.
-            -- No state filter here on purpose: it would make the partial claim index a
-            -- candidate, and with stale statistics (a large analyzed history) the planner
-            -- then scanned the whole index filtering on ctid (95 ms per claim, measured).
-            where t.ctid = any(array(select ctid from allowed))
-            returning t.id, t.tenant, t.task_type, t.payload, t.attempts, t.max_attempts,
-                      t.run_at, t.created_at
-        )
-        select c.id, c.tenant, c.task_type, c.payload, c.attempts as attempt, c.max_attempts,
-               c.run_at, c.created_at, m.version, m.sha256, m.fuel, m.timeout_ms,
-               m.memory_bytes, m.max_attempts as module_max_attempts, m.backoff_base_ms,
-               m.backoff_cap_ms
-        from claimed c
-        left join active_modules a on a.tenant = c.tenant and a.task_type = c.task_type
-        left join modules m
-               on m.tenant = a.tenant and m.task_type = a.task_type and m.version = a.version
-        cross join (select set_config('synchronous_commit', 'off', true)) as async_commit
-        "#,
-    )
-    .bind(runner)
-    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-    .bind(task_types)
-    .bind(millis(lease))
-    .fetch_all(executor)
-    .await?;
+    let ring_start: i32 = rand::random_range(0..i32::MAX);
+    let rows: Vec<ClaimRow> = sqlx::query_as(include_str!("claim.sql"))
+        .bind(runner)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(task_types)
+        .bind(millis(lease))
+        .bind(mode == ClaimMode::Starved)
+        .bind(ring_start)
+        .fetch_all(executor)
+        .await?;
     Ok(rows.into_iter().map(ClaimRow::into_task).collect())
 }
 
@@ -130,6 +94,7 @@ struct ClaimRow {
     module_max_attempts: Option<i32>,
     backoff_base_ms: Option<i64>,
     backoff_cap_ms: Option<i64>,
+    max_running: Option<i32>,
 }
 
 impl ClaimRow {
@@ -145,6 +110,7 @@ impl ClaimRow {
                     max_attempts: self.module_max_attempts,
                     backoff_base_ms: self.backoff_base_ms,
                     backoff_cap_ms: self.backoff_cap_ms,
+                    max_running: self.max_running,
                 },
             }),
             _ => None,
@@ -208,8 +174,9 @@ pub async fn release_batch<'c, E: PgExecutor<'c>>(
     tasks: &[(TaskId, i32)],
 ) -> Result<Vec<TaskId>, QueueError> {
     let (ids, attempts): (Vec<TaskId>, Vec<i32>) = tasks.iter().copied().unzip();
-    let released: Vec<(TaskId,)> = sqlx::query_as(
+    let released: Vec<(TaskId,)> = sqlx::query_as(concat!(
         r#"
+        with released as (
         update tasks t
         set state = case when t.attempts > 1 then 'retrying' else 'pending' end,
             attempts = t.attempts - 1,
@@ -219,9 +186,14 @@ pub async fn release_batch<'c, E: PgExecutor<'c>>(
         from unnest($2::int8[], $3::int4[]) as r(id, attempt)
         where t.id = any($2::int8[]) and t.lease_owner = $1
           and t.id = r.id and t.attempts = r.attempt
-        returning t.id
+        returning t.id, t.tenant, t.task_type, t.run_at
+        ),
         "#,
-    )
+        wake_queues_cte!("released"),
+        r#"
+        select id from released cross join woken_queues
+        "#
+    ))
     .bind(runner)
     .bind(&ids)
     .bind(&attempts)

@@ -108,7 +108,7 @@ pub async fn fail_batch<'c, E: PgExecutor<'c>>(
     // version, which the statement cannot see, and a TID scan for it finds nothing (the
     // report was lost). By id, the scan finds the visible version and follows it to the
     // locked one. History entries get their time from the database clock.
-    let rows: Vec<(TaskId, bool)> = sqlx::query_as(
+    let rows: Vec<(TaskId, bool)> = sqlx::query_as(concat!(
         r#"
         with fenced as (
             select t.id,
@@ -133,7 +133,7 @@ pub async fn fail_batch<'c, E: PgExecutor<'c>>(
                 lease_expires_at = null,
                 updated_at = now()
             where t.id = any(array(select id from fenced where not dies))
-            returning t.id
+            returning t.id, t.tenant, t.task_type, t.run_at
         ),
         killed as (
             delete from tasks t
@@ -152,12 +152,15 @@ pub async fn fail_batch<'c, E: PgExecutor<'c>>(
                    created_at, started_at
             from killed
             returning id
-        )
-        select id, false from retried
+        ),
+        "#,
+        wake_queues_cte!("retried"),
+        r#"
+        select id, false from retried cross join woken_queues
         union all
         select id, true from buried
-        "#,
-    )
+        "#
+    ))
     .bind(runner)
     .bind(&ids)
     .bind(Json(&reports))

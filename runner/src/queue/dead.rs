@@ -63,7 +63,7 @@ pub async fn requeue<'c, E: PgExecutor<'c>>(
     tenant: Option<&str>,
     id: TaskId,
 ) -> Result<TaskId, QueueError> {
-    let row: Result<Option<(TaskId,)>, sqlx::Error> = sqlx::query_as(
+    let row: Result<Option<(TaskId,)>, sqlx::Error> = sqlx::query_as(concat!(
         r#"
         with revived as (
             delete from dead_tasks
@@ -76,11 +76,14 @@ pub async fn requeue<'c, E: PgExecutor<'c>>(
             select id, tenant, task_type, payload, priority, max_attempts, dedup_key,
                    last_error, errors, module_sha256, created_at
             from revived
-            returning id
-        )
-        select id from inserted, lateral pg_notify('sweep_tasks', '')
+            returning id, tenant, task_type, run_at
+        ),
         "#,
-    )
+        wake_queues_cte!("inserted"),
+        r#"
+        select id from inserted cross join woken_queues, lateral pg_notify('sweep_tasks', '')
+        "#
+    ))
     .bind(id)
     .bind(tenant)
     .fetch_optional(executor)

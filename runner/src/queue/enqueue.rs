@@ -158,12 +158,15 @@ async fn insert_plain(
                             (d.by_type ->> (input.tenant || '/' || input.task_type))::int4, $8)
             from input
             cross join module_defaults d
-            returning id
+            returning id, tenant, task_type, run_at
         ),
         woken as (
             select count(*) from (select pg_notify('sweep_tasks', '') from inserted limit 1) n
-        )
-        select id from inserted cross join woken
+        ),
+        "#,
+        wake_queues_cte!("inserted"),
+        r#"
+        select id from inserted cross join woken cross join woken_queues
         "#
     ))
     .bind(&c.tenants)
@@ -221,14 +224,18 @@ async fn insert(
             on conflict (tenant, dedup_key)
                 where dedup_key is not null and state in ('pending', 'running', 'retrying')
                 do nothing
-            returning id, tenant, dedup_key
+            returning id, tenant, task_type, run_at, dedup_key
         ),
         woken as (
             select count(*) from (select pg_notify('sweep_tasks', '') from inserted limit 1) n
-        )
+        ),
+        "#,
+        wake_queues_cte!("inserted"),
+        r#"
         select coalesce(mine.id, sibling.id, live.id) as id, mine.id is not null as created
         from input
         cross join woken
+        cross join woken_queues
         left join inserted mine on mine.id = input.id
         left join lateral (
             select s.id from inserted s

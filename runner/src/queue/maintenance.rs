@@ -160,3 +160,38 @@ pub async fn prune_runners<'c, E: PgExecutor<'c>>(
     .await?;
     Ok(done.rows_affected())
 }
+
+/// Recomputes the hint of every queue whose hint says nothing is due yet, and corrects those
+/// that are wrong. The backstop for the one case the hint protocol lets slip (two writers
+/// lowering one hint at the same moment, the second skipped), for tasks written by hand, and
+/// for anything else that leaves a hint late. Queues whose hint is already due are left to
+/// the claims, which correct them when they come up short. Returns how many were corrected.
+pub async fn repair_queue_hints<'c, E: PgExecutor<'c>>(executor: E) -> Result<u64, QueueError> {
+    // Found without locks, then corrected under FOR UPDATE SKIP LOCKED with a fresh look taken
+    // after the lock, the same protocol as the claim's (see 0009_fair_share.sql).
+    let done = sqlx::query(
+        r#"
+        with wrong as (
+            select q.tenant, q.task_type from queues q
+            where (q.next_run_at is null or q.next_run_at > now())
+              and q.next_run_at is distinct from
+                  sweep_queue_next_run_at(q.tenant, q.task_type, '{}')
+        ),
+        locked as (
+            select q.ctid, q.tenant, q.task_type from queues q
+            join wrong w on w.tenant = q.tenant and w.task_type = q.task_type
+            order by q.tenant, q.task_type
+            for update of q skip locked
+        )
+        update queues q set next_run_at = fresh.next_run_at
+        from locked l
+        cross join lateral (
+            select sweep_queue_next_run_at(l.tenant, l.task_type, '{}') as next_run_at
+        ) fresh
+        where q.ctid = l.ctid
+        "#,
+    )
+    .execute(executor)
+    .await?;
+    Ok(done.rows_affected())
+}

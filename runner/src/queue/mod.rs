@@ -16,6 +16,27 @@
 //!   to leave the planner one sane plan: index or TID lookups, no joins against `tasks`;
 //! - bad input is rejected before anything is written ([`InvalidTask`]).
 
+/// A CTE, `woken_queues`, that makes every queue of the rows in CTE `$rows` (which returns
+/// `tenant, task_type, run_at`) findable by claims: see `sweep_wake_queues` in
+/// migrations/0009_fair_share.sql. Every statement that makes tasks wait includes it and
+/// references it from its final select (a plain CTE that is not referenced does not run).
+macro_rules! wake_queues_cte {
+    ($rows:literal) => {
+        concat!(
+            "woken_queues as (
+                select sweep_wake_queues(w.tenants, w.task_types, w.run_ats)
+                from (
+                    select array_agg(tenant) as tenants, array_agg(task_type) as task_types,
+                           array_agg(run_at) as run_ats
+                    from (select tenant, task_type, min(run_at) as run_at from ",
+            $rows,
+            "         group by tenant, task_type) g
+                ) w
+            )"
+        )
+    };
+}
+
 pub mod bench_support;
 mod claim;
 mod complete;
@@ -32,13 +53,15 @@ mod stats;
 mod tenants;
 mod types;
 
-pub use claim::{claim_batch, heartbeat_leases, release_batch};
+pub use claim::{claim, claim_batch, heartbeat_leases, release_batch, ClaimMode};
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
 pub use connect::{connect, migrate, migrations_done, ConnectError};
 pub use dead::{cancel, get_task, list_dead, requeue, DeadTask, TaskView};
 pub use enqueue::{enqueue, enqueue_many, Enqueued};
 pub use error::{InvalidTask, QueueError};
-pub use maintenance::{delete_finished, prune_runners, reap_expired, vacuum_live, RescuedTask};
+pub use maintenance::{
+    delete_finished, prune_runners, reap_expired, repair_queue_hints, vacuum_live, RescuedTask,
+};
 pub use modules::{
     activate_version, list_versions, module_bytes, register_module, ModuleSettings, ModuleVersion,
     Registered,
@@ -48,8 +71,8 @@ pub use retry::{RetryPolicy, RetryPolicyError};
 pub use runners::{deregister_runner, list_runners, register_runner, RunnerInfo};
 pub use stats::{queue_stats, TypeStats};
 pub use tenants::{
-    create_tenant, get_tenant, list_tenants, missing_modules, set_tenant_caps, tenant_by_token,
-    Tenant, TenantCaps, TenantError,
+    create_tenant, get_tenant, list_tenants, missing_modules, set_tenant_caps, set_tenant_weight,
+    tenant_by_token, Tenant, TenantCaps, TenantError, MAX_WEIGHT,
 };
 pub use types::{
     validate_task_type, validate_tenant, ActiveModule, ClaimedTask, NewTask, Schedule, TaskId,

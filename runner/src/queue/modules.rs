@@ -20,6 +20,8 @@ pub struct ModuleSettings {
     pub max_attempts: Option<i32>,
     pub backoff_base_ms: Option<i64>,
     pub backoff_cap_ms: Option<i64>,
+    /// Most tasks of this type running at once across all runners (the claim enforces it).
+    pub max_running: Option<i32>,
 }
 
 /// One registered version, without its bytes.
@@ -90,13 +92,15 @@ async fn insert_version<'c, E: PgExecutor<'c>>(
               and fuel is not distinct from $5 and timeout_ms is not distinct from $6
               and memory_bytes is not distinct from $7 and max_attempts is not distinct from $8
               and backoff_base_ms is not distinct from $9 and backoff_cap_ms is not distinct from $10
+              and max_running is not distinct from $11
         ),
         created as (
             insert into modules (tenant, task_type, version, sha256, bytes, fuel, timeout_ms,
-                                 memory_bytes, max_attempts, backoff_base_ms, backoff_cap_ms)
+                                 memory_bytes, max_attempts, backoff_base_ms, backoff_cap_ms,
+                                 max_running)
             select $1, $2,
                    coalesce((select max(version) from modules where tenant = $1 and task_type = $2), 0) + 1,
-                   $3, $4, $5, $6, $7, $8, $9, $10
+                   $3, $4, $5, $6, $7, $8, $9, $10, $11
             where not exists (select 1 from existing)
             returning version
         ),
@@ -110,6 +114,12 @@ async fn insert_version<'c, E: PgExecutor<'c>>(
             select $1, $2, version from chosen
             on conflict (tenant, task_type)
                 do update set version = excluded.version, activated_at = now()
+        ),
+        -- The claim reads the active version's running limit from the queue row.
+        queued as (
+            insert into queues (tenant, task_type, weight, max_running)
+            select $1, $2, coalesce((select weight from tenants where name = $1), 1), $11
+            on conflict (tenant, task_type) do update set max_running = excluded.max_running
         )
         select version, created from chosen
         "#,
@@ -124,6 +134,7 @@ async fn insert_version<'c, E: PgExecutor<'c>>(
     .bind(s.max_attempts)
     .bind(s.backoff_base_ms)
     .bind(s.backoff_cap_ms)
+    .bind(s.max_running)
     .fetch_one(executor)
     .await
 }
@@ -137,11 +148,24 @@ pub async fn activate_version<'c, E: PgExecutor<'c>>(
 ) -> Result<(), QueueError> {
     let done = sqlx::query(
         r#"
-        insert into active_modules (tenant, task_type, version)
-        select tenant, task_type, version from modules
-        where tenant = $1 and task_type = $2 and version = $3
-        on conflict (tenant, task_type)
-            do update set version = excluded.version, activated_at = now()
+        with activated as (
+            insert into active_modules (tenant, task_type, version)
+            select tenant, task_type, version from modules
+            where tenant = $1 and task_type = $2 and version = $3
+            on conflict (tenant, task_type)
+                do update set version = excluded.version, activated_at = now()
+            returning version
+        ),
+        -- The claim reads the active version's running limit from the queue row.
+        queued as (
+            insert into queues (tenant, task_type, weight, max_running)
+            select m.tenant, m.task_type,
+                   coalesce((select weight from tenants where name = $1), 1), m.max_running
+            from modules m
+            where m.tenant = $1 and m.task_type = $2 and m.version = (select version from activated)
+            on conflict (tenant, task_type) do update set max_running = excluded.max_running
+        )
+        select version from activated
         "#,
     )
     .bind(tenant)
@@ -167,7 +191,7 @@ pub async fn list_versions<'c, E: PgExecutor<'c>>(
         r#"
         select m.tenant, m.task_type, m.version, m.sha256, length(m.bytes)::int8 as size,
                m.fuel, m.timeout_ms, m.memory_bytes, m.max_attempts, m.backoff_base_ms,
-               m.backoff_cap_ms, a.version is not null as active, m.created_at
+               m.backoff_cap_ms, m.max_running, a.version is not null as active, m.created_at
         from modules m
         left join active_modules a
                on a.tenant = m.tenant and a.task_type = m.task_type and a.version = m.version

@@ -56,6 +56,8 @@ impl TenantCaps {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct Tenant {
     pub name: String,
+    /// Its share of the runners' slots relative to other tenants with due work (default 1).
+    pub weight: i32,
     #[sqlx(flatten)]
     #[serde(flatten)]
     pub caps: TenantCaps,
@@ -74,6 +76,8 @@ pub enum TenantError {
     BadName(InvalidTask),
     #[error("{field} must be {requirement}")]
     BadCap { field: &'static str, requirement: &'static str },
+    #[error("weight must be between 1 and {max}, got {weight}")]
+    BadWeight { weight: i32, max: i32 },
     #[error("token hash must be 64 lowercase hex digits")]
     BadTokenHash,
     #[error(transparent)]
@@ -107,8 +111,8 @@ pub async fn create_tenant<'c, E: PgExecutor<'c>>(
         insert into tenants (name, token_sha256, max_module_bytes, max_fuel, max_timeout_ms,
                              max_memory_bytes, max_running)
         values ($1, $2, $3, $4, $5, $6, $7)
-        returning name, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
-                  max_running, created_at
+        returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
+                  max_memory_bytes, max_running, created_at
         "#,
     )
     .bind(name)
@@ -143,8 +147,8 @@ pub async fn set_tenant_caps<'c, E: PgExecutor<'c>>(
         set max_module_bytes = $2, max_fuel = $3, max_timeout_ms = $4, max_memory_bytes = $5,
             max_running = $6
         where name = $1
-        returning name, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
-                  max_running, created_at
+        returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
+                  max_memory_bytes, max_running, created_at
         "#,
     )
     .bind(name)
@@ -158,6 +162,44 @@ pub async fn set_tenant_caps<'c, E: PgExecutor<'c>>(
     row.ok_or_else(|| TenantError::NotFound(name.to_owned()))
 }
 
+/// Highest tenant weight (`tenants_weight_range`).
+pub const MAX_WEIGHT: i32 = 10_000;
+
+/// Sets tenant `name`'s fair-share weight (1 to [`MAX_WEIGHT`]). Applies from the next claim;
+/// tasks already running keep their slots.
+pub async fn set_tenant_weight<'c, A>(
+    conn: A,
+    name: &str,
+    weight: i32,
+) -> Result<Tenant, TenantError>
+where
+    A: sqlx::Acquire<'c, Database = sqlx::Postgres>,
+{
+    if !(1..=MAX_WEIGHT).contains(&weight) {
+        return Err(TenantError::BadWeight { weight, max: MAX_WEIGHT });
+    }
+    let mut conn = conn.acquire().await?;
+    // The claim reads each queue's copy of the weight (one table, no join).
+    let row: Option<Tenant> = sqlx::query_as(
+        r#"
+        with changed as (
+            update tenants set weight = $2 where name = $1
+            returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
+                      max_memory_bytes, max_running, created_at
+        ),
+        copied as (
+            update queues set weight = $2 where tenant = (select name from changed)
+        )
+        select * from changed
+        "#,
+    )
+    .bind(name)
+    .bind(weight)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.ok_or_else(|| TenantError::NotFound(name.to_owned()))
+}
+
 /// The tenant whose token hashes to `token_sha256`, if any.
 pub async fn tenant_by_token<'c, E: PgExecutor<'c>>(
     executor: E,
@@ -165,8 +207,8 @@ pub async fn tenant_by_token<'c, E: PgExecutor<'c>>(
 ) -> Result<Option<Tenant>, QueueError> {
     Ok(sqlx::query_as(
         r#"
-        select name, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes, max_running,
-               created_at
+        select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
+               max_running, created_at
         from tenants where token_sha256 = $1
         "#,
     )
@@ -181,8 +223,8 @@ pub async fn get_tenant<'c, E: PgExecutor<'c>>(
 ) -> Result<Option<Tenant>, QueueError> {
     Ok(sqlx::query_as(
         r#"
-        select name, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes, max_running,
-               created_at
+        select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
+               max_running, created_at
         from tenants where name = $1
         "#,
     )
@@ -195,8 +237,8 @@ pub async fn get_tenant<'c, E: PgExecutor<'c>>(
 pub async fn list_tenants<'c, E: PgExecutor<'c>>(executor: E) -> Result<Vec<Tenant>, QueueError> {
     Ok(sqlx::query_as(
         r#"
-        select name, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes, max_running,
-               created_at
+        select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
+               max_running, created_at
         from tenants order by name
         "#,
     )

@@ -1,12 +1,13 @@
 //! Running one claimed task: resolve its module (compiled once per sha256), resolve its limits,
-//! run it in the sandbox under a tracing span, and produce the [`Report`] to write back.
+//! run it in the sandbox on the guest runtime under a tracing span, and produce the [`Report`]
+//! to write back. Everything but the run itself stays on the caller's (control) runtime.
 
 use std::time::Duration;
 
 use sqlx::PgPool;
 use tracing::{field::Empty, Instrument};
 
-use super::Report;
+use super::{Guests, Report};
 use crate::{
     config::WorkerConfig,
     queue::{self, ClaimedTask, ModuleSettings, RetryPolicy},
@@ -16,6 +17,7 @@ use crate::{
 pub(super) async fn execute(
     pool: &PgPool,
     sandbox: &Sandbox,
+    guests: &Guests,
     modules: &ModuleCache,
     config: &WorkerConfig,
     task: ClaimedTask,
@@ -59,7 +61,7 @@ pub(super) async fn execute(
                             u32::try_from(task.max_attempts).unwrap_or(0),
                             &task.payload,
                         );
-                        sandbox.run(&compiled, &input, &limits).await
+                        guests.run(sandbox.clone(), compiled, input, limits).await
                     }
                     Err(e) => not_run(Outcome::RunnerError(format!("module not loadable: {e}"))),
                 };

@@ -1,5 +1,6 @@
 //! Background duties of every runner: heartbeats (leases + `runners` row), the reaper,
-//! vacuuming the live table, retention and pruning of silent runner rows. Each stops when the stop flag turns true.
+//! vacuuming the live table, retention, pruning of silent runner rows and the repair of queue
+//! hints. Each stops when the stop flag turns true.
 //! All of it is safe to run on every runner at once (see `queue::maintenance`).
 
 use std::{future::Future, sync::Arc, time::Duration};
@@ -57,7 +58,7 @@ pub(super) async fn run(
         })
         .await
     };
-    let retention = every(m.retention_interval, stop, || async {
+    let retention = every(m.retention_interval, stop.clone(), || async {
         loop {
             match queue::delete_finished(&pool, m.retention_ttl, m.retention_batch).await {
                 Ok(n) if n as usize >= m.retention_batch => continue,
@@ -72,7 +73,14 @@ pub(super) async fn run(
             tracing::warn!(error = %e, "pruning runners failed");
         }
     });
-    tokio::join!(reaper, vacuum, retention);
+    let hints = every(m.hint_repair_interval, stop.clone(), || async {
+        match queue::repair_queue_hints(&pool).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(queues = n, "repaired queue hints that were late"),
+            Err(e) => tracing::warn!(error = %e, "repairing queue hints failed"),
+        }
+    });
+    tokio::join!(reaper, vacuum, retention, hints);
 }
 
 /// Calls `tick` every `period` until `stop` turns true.

@@ -82,6 +82,7 @@ pub async fn register(
 pub fn test_config() -> WorkerConfig {
     WorkerConfig {
         concurrency: 4,
+        spare_slots: 2,
         poll_interval: Duration::from_millis(50),
         retry: RetryPolicy {
             base: Duration::from_millis(1),
@@ -89,7 +90,7 @@ pub fn test_config() -> WorkerConfig {
             jitter: 0.0,
         },
         sandbox: SandboxConfig {
-            max_concurrency: 4,
+            max_concurrency: 6,
             defaults: Limits {
                 fuel: 2_000_000_000,
                 timeout: Duration::from_secs(10),

@@ -11,7 +11,9 @@ use warp::reply::{Reply, Response};
 use super::{json, Answer};
 use crate::admin::auth::Caller;
 use crate::admin::error::ApiError;
-use crate::admin::models::{DeadPage, Health, RunnerView, StatsResponse, TenantsResponse};
+use crate::admin::models::{
+    DeadPage, Health, RunnerView, StatsResponse, TenantsResponse, WeightRequest,
+};
 use crate::admin::params::Query;
 use crate::admin::AdminState;
 use crate::queue::{self, TaskId};
@@ -79,6 +81,25 @@ pub async fn tenants(state: AdminState, caller: Caller) -> Answer {
         Caller::Tenant(t) => vec![t],
     };
     Ok(json(StatusCode::OK, &TenantsResponse { tenants }))
+}
+
+/// `PUT /v1/tenants/{name}/weight` (operator): the tenant's fair-share weight.
+pub async fn set_weight(
+    state: AdminState,
+    caller: Caller,
+    name: String,
+    request: WeightRequest,
+) -> Answer {
+    if !matches!(caller, Caller::Operator) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "operator_only",
+            "tenant weights are set by the operator",
+        ));
+    }
+    let tenant = queue::set_tenant_weight(state.pool(), &name, request.weight).await?;
+    tracing::info!(tenant = %tenant.name, weight = tenant.weight, "tenant weight set");
+    Ok(json(StatusCode::OK, &tenant))
 }
 
 /// `GET /healthz`: the process serves requests.

@@ -69,7 +69,16 @@ pub async fn admin(args: AdminArgs) -> anyhow::Result<()> {
 pub enum TenantCommand {
     /// Create a tenant and print its API token (shown once; only a hash is stored).
     Create(TenantCreateArgs),
-    /// List tenants and their caps.
+    /// Set a tenant's fair-share weight (operator token; through the admin API): a tenant with
+    /// weight 2 gets twice the slots of a weight-1 tenant while both have due work.
+    Weight {
+        name: String,
+        /// 1 to 10000 (default for every tenant: 1).
+        weight: i32,
+        #[command(flatten)]
+        client: super::ClientArgs,
+    },
+    /// List tenants, their weights and caps.
     List {
         #[command(flatten)]
         db: DatabaseArgs,
@@ -109,6 +118,17 @@ pub async fn tenant(command: TenantCommand) -> anyhow::Result<()> {
     match command {
         TenantCommand::Create(args) => create(args).await,
         TenantCommand::List { db, json } => list(db, json).await,
+        TenantCommand::Weight { name, weight, client } => {
+            let api = super::Api::new(client)?;
+            let request = api
+                .request(reqwest::Method::PUT, &format!("/v1/tenants/{name}/weight"))
+                .json(&json!({ "weight": weight }));
+            let answer = api.send(request).await?;
+            if !api.printed_json(&answer) {
+                println!("tenant {}: weight {}", print::cell(&answer["name"]), answer["weight"]);
+            }
+            Ok(())
+        }
     }
 }
 
@@ -150,6 +170,7 @@ async fn list(db: DatabaseArgs, json: bool) -> anyhow::Result<()> {
             let c = &t.caps;
             vec![
                 t.name.clone(),
+                t.weight.to_string(),
                 opt(c.max_running.map(i64::from)),
                 c.max_module_bytes.map_or_else(|| "-".into(), |b| print::bytes(b.unsigned_abs())),
                 opt(c.max_fuel),
@@ -162,6 +183,7 @@ async fn list(db: DatabaseArgs, json: bool) -> anyhow::Result<()> {
     print::table(
         &[
             "NAME",
+            "WEIGHT",
             "MAX_RUNNING",
             "MAX_MODULE",
             "MAX_FUEL",

@@ -1,0 +1,315 @@
+//! Fair share: how the claim divides slots among tenants (by weight) and task types, counted in
+//! running tasks across all runners; per-type running limits; the spare-slot claim; and the
+//! queue hints that let a claim find due work without reading the backlog.
+//!
+//! Every verdict is a count read from the database after a claim: no timing.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use serde_json::json;
+use sqlx::PgPool;
+use sweep::queue::{self, ClaimMode, ClaimedTask, ModuleSettings, NewTask, TenantCaps};
+use uuid::Uuid;
+
+async fn backlog(pool: &PgPool, tenant: &str, task_type: &str, n: usize) {
+    let tasks: Vec<NewTask> =
+        (0..n).map(|i| NewTask::new(task_type, json!({ "i": i })).tenant(tenant)).collect();
+    queue::enqueue_many(pool, &tasks).await.expect("enqueue");
+}
+
+async fn tenant_with_weight(pool: &PgPool, name: &str, weight: i32) {
+    let hash = format!("{:064x}", name.len() * 7919 + weight as usize);
+    queue::create_tenant(pool, name, &hash, &TenantCaps::default()).await.expect("create tenant");
+    let t = queue::set_tenant_weight(pool, name, weight).await.expect("set weight");
+    assert_eq!(t.weight, weight);
+}
+
+/// Tasks running right now, per tenant (every runner).
+async fn running_by_tenant(pool: &PgPool) -> HashMap<String, i64> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "select tenant, count(*) from tasks where state = 'running' group by tenant",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("count running");
+    rows.into_iter().collect()
+}
+
+async fn running_by_type(pool: &PgPool) -> HashMap<String, i64> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "select task_type, count(*) from tasks where state = 'running' group by task_type",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("count running");
+    rows.into_iter().collect()
+}
+
+fn count(map: &HashMap<String, i64>, key: &str) -> i64 {
+    map.get(key).copied().unwrap_or(0)
+}
+
+async fn complete(pool: &PgPool, runner: Uuid, tasks: &[ClaimedTask]) {
+    let done: Vec<_> = tasks.iter().map(|c| completion(c, json!({}))).collect();
+    let lost = queue::complete_batch(pool, runner, &done).await.expect("complete");
+    assert!(lost.is_empty());
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn two_backlogged_tenants_get_two_of_four_slots_each(pool: PgPool) {
+    backlog(&pool, "a", "work", 50).await;
+    backlog(&pool, "b", "work", 50).await;
+    let got = claim(&pool, new_runner(), 4).await;
+    assert_eq!(got.len(), 4);
+    let running = running_by_tenant(&pool).await;
+    assert_eq!((count(&running, "a"), count(&running, "b")), (2, 2));
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn a_tenant_alone_takes_every_slot(pool: PgPool) {
+    backlog(&pool, "a", "work", 50).await;
+    // Another tenant with nothing due takes nothing away.
+    backlog(&pool, "b", "work", 0).await;
+    assert_eq!(claim(&pool, new_runner(), 8).await.len(), 8);
+    assert_eq!(count(&running_by_tenant(&pool).await, "a"), 8);
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn weight_two_gets_twice_the_slots(pool: PgPool) {
+    tenant_with_weight(&pool, "light", 1).await;
+    tenant_with_weight(&pool, "heavy", 2).await;
+    backlog(&pool, "light", "work", 50).await;
+    backlog(&pool, "heavy", "work", 50).await;
+    // In one claim, and slot by slot across claims of two runners: both end at 2 : 4.
+    assert_eq!(claim(&pool, new_runner(), 6).await.len(), 6);
+    let running = running_by_tenant(&pool).await;
+    assert_eq!((count(&running, "light"), count(&running, "heavy")), (2, 4));
+
+    for _ in 0..6 {
+        assert_eq!(claim(&pool, new_runner(), 1).await.len(), 1);
+    }
+    let running = running_by_tenant(&pool).await;
+    assert_eq!((count(&running, "light"), count(&running, "heavy")), (4, 8));
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn a_low_weight_tenant_is_never_starved(pool: PgPool) {
+    tenant_with_weight(&pool, "small", 1).await;
+    tenant_with_weight(&pool, "huge", 10_000).await;
+    backlog(&pool, "small", "work", 20).await;
+    backlog(&pool, "huge", "work", 200).await;
+    // A tenant holding nothing comes first, whatever the weights.
+    assert_eq!(claim(&pool, new_runner(), 4).await.len(), 4);
+    assert_eq!(count(&running_by_tenant(&pool).await, "small"), 1);
+    // And again each time its task is done.
+    let runner = new_runner();
+    for round in 0..5 {
+        let small: Vec<ClaimedTask> =
+            claim(&pool, runner, 1).await.into_iter().filter(|c| c.tenant == "small").collect();
+        assert_eq!(small.len(), 0, "round {round}: it already holds one");
+        let mine: Vec<(i64, i32)> = sqlx::query_as(
+            "select id, attempts from tasks where tenant = 'small' and state = 'running'",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let owner: Uuid = sqlx::query_scalar("select lease_owner from tasks where id = $1")
+            .bind(mine[0].0)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let done = queue::Completion {
+            id: mine[0].0,
+            attempt: mine[0].1,
+            result: json!({}),
+            module_sha256: None,
+            logs: None,
+        };
+        assert!(queue::complete_batch(&pool, owner, &[done]).await.unwrap().is_empty());
+        let next = claim(&pool, runner, 1).await;
+        assert_eq!(next[0].tenant, "small", "round {round}: the freed slot goes back to it");
+    }
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn a_slow_task_type_does_not_block_a_fast_one(pool: PgPool) {
+    backlog(&pool, "a", "slow", 100).await;
+    backlog(&pool, "a", "fast", 10).await;
+    let runner = new_runner();
+    let first = claim(&pool, runner, 4).await;
+    let by_type = running_by_type(&pool).await;
+    assert_eq!((count(&by_type, "slow"), count(&by_type, "fast")), (2, 2));
+    // The fast ones finish, the slow ones keep their slots: freed slots go to the fast type.
+    let fast: Vec<ClaimedTask> = first.into_iter().filter(|c| c.task_type == "fast").collect();
+    complete(&pool, runner, &fast).await;
+    let next = claim(&pool, runner, 2).await;
+    assert!(next.iter().all(|c| c.task_type == "fast"), "{next:?}");
+    let by_type = running_by_type(&pool).await;
+    assert_eq!((count(&by_type, "slow"), count(&by_type, "fast")), (2, 2));
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn share_counts_slots_held_not_claims(pool: PgPool) {
+    // `long` never finishes during the test, `short` finishes at once: a runner that claims
+    // one slot at a time must not let `long` pile up slots by being slow.
+    backlog(&pool, "long", "work", 100).await;
+    backlog(&pool, "short", "work", 100).await;
+    let runner = new_runner();
+    for _ in 0..20 {
+        let got = claim(&pool, runner, 1).await;
+        let short: Vec<ClaimedTask> = got.into_iter().filter(|c| c.tenant == "short").collect();
+        complete(&pool, runner, &short).await;
+    }
+    let running = running_by_tenant(&pool).await;
+    assert_eq!(count(&running, "long"), 1, "{running:?}");
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn priority_and_run_at_still_order_a_task_type(pool: PgPool) {
+    let past = |mins| chrono::Utc::now() - chrono::Duration::minutes(mins);
+    let tasks = vec![
+        task("t", 0).priority(0).run_at(past(1)),
+        task("t", 1).priority(5).run_at(past(1)),
+        task("t", 2).priority(5).run_at(past(10)),
+        NewTask::new("t", json!({})).tenant("other").priority(100),
+    ];
+    let ids: Vec<_> =
+        queue::enqueue_many(&pool, &tasks).await.unwrap().into_iter().map(|e| e.id).collect();
+    // Fair share first (one each), priority within a tenant's task type.
+    let got = claim(&pool, new_runner(), 2).await;
+    let mut got_ids: Vec<_> = got.iter().map(|c| c.id).collect();
+    got_ids.sort_unstable();
+    assert_eq!(got_ids, vec![ids[2], ids[3]]);
+    for expected in [ids[1], ids[0]] {
+        let next = claim(&pool, new_runner(), 1).await;
+        assert_eq!(next.iter().map(|c| c.id).collect::<Vec<_>>(), vec![expected]);
+    }
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn per_type_running_limit_holds_across_two_runners(pool: PgPool) {
+    let limited = ModuleSettings { max_running: Some(3), ..Default::default() };
+    register(&pool, "limited", "noop", limited).await;
+    backlog(&pool, "default", "limited", 20).await;
+    backlog(&pool, "default", "free", 20).await;
+    let (a, b) = (new_runner(), new_runner());
+    let by_a = claim(&pool, a, 10).await;
+    let by_b = claim(&pool, b, 10).await;
+    assert_eq!(by_a.len() + by_b.len(), 20, "the unlimited type fills the rest");
+    let by_type = running_by_type(&pool).await;
+    assert_eq!(count(&by_type, "limited"), 3);
+    assert!(claim(&pool, b, 10).await.iter().all(|c| c.task_type != "limited"));
+    // One finishes on runner a: runner b may start exactly one more.
+    let one: Vec<ClaimedTask> =
+        by_a.into_iter().filter(|c| c.task_type == "limited").take(1).collect();
+    complete(&pool, a, &one).await;
+    let more = queue::claim_batch(&pool, b, 10, &["limited".to_owned()], LEASE).await.unwrap();
+    assert_eq!(more.len(), 1);
+    assert_eq!(count(&running_by_type(&pool).await, "limited"), 3);
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn tenant_cap_and_fair_share_hold_together(pool: PgPool) {
+    let caps = TenantCaps { max_running: Some(2), ..TenantCaps::default() };
+    queue::create_tenant(&pool, "capped", &"c".repeat(64), &caps).await.unwrap();
+    backlog(&pool, "capped", "work", 20).await;
+    backlog(&pool, "open", "work", 20).await;
+    assert_eq!(claim(&pool, new_runner(), 6).await.len(), 6, "the cap idles no slot");
+    assert_eq!(claim(&pool, new_runner(), 6).await.len(), 6);
+    let running = running_by_tenant(&pool).await;
+    assert_eq!((count(&running, "capped"), count(&running, "open")), (2, 10));
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn spare_slots_only_let_in_queues_with_nothing_running(pool: PgPool) {
+    backlog(&pool, "flood", "spin", 100).await;
+    let runner = new_runner();
+    assert_eq!(claim(&pool, runner, 4).await.len(), 4);
+    let starved = |n| queue::claim(&pool, runner, n, &[], LEASE, ClaimMode::Starved);
+    assert!(starved(4).await.unwrap().is_empty(), "flood already runs: no spare slot for it");
+
+    backlog(&pool, "newcomer", "small", 5).await;
+    backlog(&pool, "flood", "other", 5).await;
+    let got = starved(4).await.unwrap();
+    let mut queues: Vec<(String, String)> =
+        got.iter().map(|c| (c.tenant.clone(), c.task_type.clone())).collect();
+    queues.sort();
+    assert_eq!(
+        queues,
+        vec![("flood".into(), "other".into()), ("newcomer".into(), "small".into())],
+        "one task for each queue that had nothing running"
+    );
+    assert!(starved(4).await.unwrap().is_empty());
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn a_drained_queue_is_found_again(pool: PgPool) {
+    let runner = new_runner();
+    enqueue_n(&pool, "t", 2).await;
+    let first = claim(&pool, runner, 5).await;
+    assert_eq!(first.len(), 2);
+    let hint: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("select next_run_at from queues where task_type = 't'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(hint, None, "the claim that came up short cleared the hint");
+
+    // A retry makes it due again...
+    let failure = queue::Failure {
+        id: first[0].id,
+        attempt: first[0].attempt,
+        kind: "handler_error".into(),
+        message: "again".into(),
+        permanent: false,
+        retry_delay: std::time::Duration::ZERO,
+        detail: json!({}),
+        module_sha256: None,
+    };
+    let report = queue::fail_batch(&pool, runner, &[failure]).await.unwrap();
+    assert_eq!(report.retrying, vec![first[0].id]);
+    let again = claim(&pool, runner, 5).await;
+    assert_eq!(again.iter().map(|c| c.id).collect::<Vec<_>>(), vec![first[0].id]);
+    // ... and so does an enqueue, and a task scheduled later leaves the hint at its time.
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    queue::enqueue(&pool, task("t", 9).run_at(later)).await.unwrap();
+    let now_id = queue::enqueue(&pool, task("t", 10)).await.unwrap().id;
+    assert_eq!(claim(&pool, runner, 5).await.iter().map(|c| c.id).collect::<Vec<_>>(), [now_id]);
+    let hint: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("select next_run_at from queues where task_type = 't'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let hint = hint.expect("the scheduled task keeps a hint");
+    assert!((hint - later).num_milliseconds().abs() < 5, "{hint} vs {later}");
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn the_hint_repair_finds_work_the_hints_missed(pool: PgPool) {
+    enqueue_n(&pool, "t", 3).await;
+    // As if a lowering had been skipped: the hint says nothing waits.
+    sqlx::query("update queues set next_run_at = null").execute(&pool).await.unwrap();
+    assert!(claim(&pool, new_runner(), 5).await.is_empty());
+    assert_eq!(queue::repair_queue_hints(&pool).await.unwrap(), 1);
+    assert_eq!(claim(&pool, new_runner(), 5).await.len(), 3);
+    assert_eq!(queue::repair_queue_hints(&pool).await.unwrap(), 0, "nothing left to repair");
+}
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn more_due_queues_than_a_claim_looks_at_are_all_served(pool: PgPool) {
+    // A claim looks at a window of 2 * limit + 16 due queues; with 300 of them every claim is
+    // still full while work is due (drained queues leave the window at once) and all of it is
+    // claimed in exactly as many claims as it takes.
+    for t in 0..300 {
+        backlog(&pool, &format!("t{t}"), "work", 1).await;
+    }
+    let runner = new_runner();
+    for _ in 0..6 {
+        assert_eq!(claim(&pool, runner, 50).await.len(), 50);
+    }
+    assert!(claim(&pool, runner, 50).await.is_empty());
+    assert_eq!(running_by_tenant(&pool).await.len(), 300);
+}
