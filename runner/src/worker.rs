@@ -31,7 +31,10 @@ mod report;
 use std::{
     collections::HashMap,
     future::Future,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, PoisonError,
+    },
 };
 
 use sqlx::PgPool;
@@ -88,6 +91,9 @@ type InFlight = Arc<Mutex<HashMap<TaskId, (i32, AbortHandle)>>>;
 struct Lane {
     slots: Arc<Semaphore>,
     spare: Arc<Semaphore>,
+    /// Fair claims in flight on any lane: their slots are taken but their tasks are not
+    /// `running` yet, so a spare-slot claim now would see those queues as idle.
+    fair_claims: Arc<AtomicUsize>,
     reports: mpsc::UnboundedSender<Report>,
     in_flight: InFlight,
     wakeups: Arc<Wakeups>,
@@ -155,6 +161,7 @@ impl Worker {
 
         let slots = Arc::new(Semaphore::new(self.config.concurrency));
         let spare = Arc::new(Semaphore::new(self.config.spare_slots));
+        let fair_claims = Arc::new(AtomicUsize::new(0));
         let in_flight: InFlight = Arc::default();
         let wakeups = Arc::new(wakeups);
         let (claim_stop_tx, claim_stop_rx) = watch::channel(false);
@@ -163,6 +170,7 @@ impl Worker {
                 let lane = Lane {
                     slots: Arc::clone(&slots),
                     spare: Arc::clone(&spare),
+                    fair_claims: Arc::clone(&fair_claims),
                     reports: report_tx.clone(),
                     in_flight: Arc::clone(&in_flight),
                     wakeups: Arc::clone(&wakeups),
@@ -253,6 +261,7 @@ impl Worker {
             }
         }
         let want = permits.iter().map(|p| p.num_permits()).sum::<usize>();
+        let _in_flight = (mode == ClaimMode::Fair).then(|| FairClaim::start(&lane.fair_claims));
         let claimed = match queue::claim(
             &self.pool,
             self.id,
@@ -304,11 +313,12 @@ impl Worker {
         // Hold the map's lock across spawn + insert so the task cannot remove its entry before
         // it was added.
         let mut map = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
-        let handle = tokio::spawn(async move {
+        let control = tokio::runtime::Handle::current();
+        let handle = self.guests.spawn(async move {
             let report = execute::execute(
                 &worker.pool,
+                &control,
                 &worker.sandbox,
-                &worker.guests,
                 &worker.modules,
                 &worker.config,
                 task,
@@ -353,15 +363,39 @@ impl Worker {
 }
 
 /// Resolves, while every slot is busy and a spare slot is free, on the next wake-up (or poll,
-/// the backstop) with that spare slot. Pending while a slot is free or no spare slot is, so
+/// the backstop) with that spare slot. Pending while a slot is free, a fair claim is in flight
+/// (its tasks are not `running` yet, so their queues would look idle) or no spare slot is, so
 /// the caller's other branches decide.
 async fn spare_wakeup(lane: &Lane, poll: std::time::Duration) -> Option<OwnedSemaphorePermit> {
-    if lane.slots.available_permits() > 0 {
-        return std::future::pending().await;
+    let busy =
+        || lane.slots.available_permits() == 0 && lane.fair_claims.load(Ordering::Acquire) == 0;
+    loop {
+        if !busy() {
+            return std::future::pending().await;
+        }
+        let permit = Arc::clone(&lane.spare).acquire_owned().await.ok()?;
+        lane.wakeups.wait(poll).await;
+        // Checked again: a lane may have started a fair claim while this one waited.
+        if busy() {
+            return Some(permit);
+        }
     }
-    let permit = Arc::clone(&lane.spare).acquire_owned().await.ok()?;
-    lane.wakeups.wait(poll).await;
-    Some(permit)
+}
+
+/// Counts a fair claim as in flight until dropped (after its tasks were spawned, or on error).
+struct FairClaim<'a>(&'a AtomicUsize);
+
+impl<'a> FairClaim<'a> {
+    fn start(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::AcqRel);
+        FairClaim(counter)
+    }
+}
+
+impl Drop for FairClaim<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Splits a set of permits into one single-slot permit per task, returning the rest to the

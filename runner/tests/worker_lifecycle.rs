@@ -135,3 +135,46 @@ async fn stopping_lets_short_tasks_finish_and_leaves_nothing_running(pool: PgPoo
     assert_eq!(running, 0);
     assert!(queue::list_runners(&pool).await.unwrap().is_empty(), "the runner deregistered");
 }
+
+#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
+async fn a_newly_due_task_type_starts_while_long_tasks_hold_every_slot(pool: PgPool) {
+    let long = ModuleSettings {
+        fuel: Some(200_000_000_000),
+        timeout_ms: Some(120_000),
+        ..Default::default()
+    };
+    register(&pool, "nap", "sleep", long).await;
+    register(&pool, "wordcount", "wordcount", ModuleSettings::default()).await;
+    // Two slots and a backlog of sleepers that would hold them for two minutes each.
+    let config = sweep::config::WorkerConfig {
+        concurrency: 2,
+        spare_slots: 1,
+        grace_period: Duration::from_millis(100),
+        ..test_config()
+    };
+    let runner = start_worker(&pool, config);
+    let naps: Vec<_> = (0..5).map(|i| NewTask::new("nap", json!({ "i": i }))).collect();
+    queue::enqueue_many(&pool, &naps).await.unwrap();
+    let held = || async {
+        let n: i64 = sqlx::query_scalar(
+            "select count(*) from tasks where task_type = 'nap' and state = 'running'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        n
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while held().await < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "the sleepers never filled the slots");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The new type has nothing running anywhere: it gets the spare slot at once.
+    let quick =
+        queue::enqueue(&pool, NewTask::new("wordcount", json!({"text": "a b"}))).await.unwrap().id;
+    let t = wait_settled(&pool, quick).await;
+    assert_eq!(t.state, TaskState::Succeeded);
+    assert_eq!(held().await, 2, "the spare slot went to the new type, not to a third sleeper");
+    runner.stop().await;
+}

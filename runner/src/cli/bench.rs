@@ -5,6 +5,8 @@
 //! - `latency`: enqueue one task at a time at a fixed rate into an idle queue and report the
 //!   wake-up latency distribution (enqueue commit to attempt start, NOTIFY path).
 //!
+//! - `fairness`: tenants and task types sharing one runner (see `bench/fairness.rs`).
+//!
 //! Latencies are measured in the database's own clock (`started_at - run_at`), so client and
 //! server clocks never mix. Every task runs in a fresh Wasm instance with every limit on.
 
@@ -22,6 +24,8 @@ use sweep::{
 use tokio::{sync::oneshot, time::Instant};
 
 use super::serve::{default_modules_dir, WorkerArgs};
+
+mod fairness;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -82,12 +86,21 @@ pub enum BenchMode {
         #[command(flatten)]
         worker: WorkerArgs,
     },
+    /// Tenants sharing a runner: noisy neighbour, weighted shares, cost with 1,000 tenants,
+    /// control-plane latency with every slot spinning.
+    Fairness(fairness::FairnessArgs),
 }
 
 const ENQUEUE_CHUNK: usize = 10_000;
 
 pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let url = &args.database_url;
+    let mode = match args.mode {
+        BenchMode::Fairness(fair) => {
+            return fairness::fairness(url, &args.modules_dir, &fair).await
+        }
+        mode => mode,
+    };
     if Postgres::database_exists(url).await.context("reaching Postgres")? {
         Postgres::drop_database(url).await.context("dropping the previous bench database")?;
     }
@@ -106,11 +119,12 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         &ModuleSettings::default(),
     )
     .await?;
-    match args.mode {
+    match mode {
         BenchMode::Throughput { tasks, retained, worker } => {
             throughput(&pool, tasks, retained, &worker, args.sql_limit).await
         }
         BenchMode::Latency { tasks, rate, worker } => latency(&pool, tasks, rate, &worker).await,
+        BenchMode::Fairness(fair) => fairness::fairness(url, &args.modules_dir, &fair).await,
     }
 }
 

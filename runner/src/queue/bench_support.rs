@@ -123,3 +123,80 @@ pub async fn count_finished<'c, E: PgExecutor<'c>>(
         .fetch_one(executor)
         .await?)
 }
+
+/// `started_at - run_at` in seconds for each of `ids` that started (live or finished).
+pub async fn start_waits<'c, E: PgExecutor<'c>>(
+    executor: E,
+    ids: &[i64],
+) -> Result<Vec<f64>, QueueError> {
+    Ok(sqlx::query_scalar(
+        r#"
+        select extract(epoch from started_at - run_at)::float8 from tasks
+        where id = any($1) and started_at is not null
+        union all
+        select extract(epoch from started_at - run_at)::float8 from finished_tasks
+        where id = any($1) and started_at is not null
+        "#,
+    )
+    .bind(ids)
+    .fetch_all(executor)
+    .await?)
+}
+
+/// How many of `ids` are still live (pending, retrying or running).
+pub async fn count_live<'c, E: PgExecutor<'c>>(
+    executor: E,
+    ids: &[i64],
+) -> Result<i64, QueueError> {
+    Ok(sqlx::query_scalar(r#"select count(*) from tasks where id = any($1)"#)
+        .bind(ids)
+        .fetch_one(executor)
+        .await?)
+}
+
+/// Tasks running right now per tenant, across all runners.
+pub async fn running_by_tenant<'c, E: PgExecutor<'c>>(
+    executor: E,
+) -> Result<Vec<(String, i64)>, QueueError> {
+    Ok(sqlx::query_as(
+        r#"select tenant, count(*) from tasks where state = 'running' group by tenant"#,
+    )
+    .fetch_all(executor)
+    .await?)
+}
+
+/// The runner's last heartbeat, in the database clock.
+pub async fn last_heartbeat<'c, E: PgExecutor<'c>>(
+    executor: E,
+    runner: uuid::Uuid,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, QueueError> {
+    Ok(sqlx::query_scalar(r#"select last_heartbeat_at from runners where id = $1"#)
+        .bind(runner)
+        .fetch_optional(executor)
+        .await?)
+}
+
+/// `n` tenants named `<prefix><i>` with nothing to do, each with one empty queue: the crowd a
+/// claim must not slow down with.
+pub async fn add_idle_tenants(
+    pool: &sqlx::PgPool,
+    prefix: &str,
+    n: usize,
+) -> Result<(), QueueError> {
+    sqlx::query(
+        r#"
+        with made as (
+            insert into tenants (name, token_sha256)
+            select $1 || g, encode(sha256(convert_to($1 || g, 'UTF8')), 'hex')
+            from generate_series(1, $2) g
+            returning name
+        )
+        insert into queues (tenant, task_type) select name, 'noop' from made
+        "#,
+    )
+    .bind(prefix)
+    .bind(super::sql_count(n))
+    .execute(pool)
+    .await?;
+    Ok(())
+}

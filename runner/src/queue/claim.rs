@@ -30,7 +30,7 @@ pub enum ClaimMode {
 /// Claims up to `limit` due tasks for `runner` in one statement (`FOR UPDATE SKIP LOCKED`, so
 /// concurrent claimers never wait on each other or take the same task), shared fairly among
 /// tenants (by weight) and their task types, counting what every runner holds: see
-/// `claim.sql` for the policy. `task_types` empty means any type. Each claimed task is
+/// `sweep_claim` in migrations/0009_fair_share.sql for the policy and its cost. `task_types` empty means any type. Each claimed task is
 /// `running` at attempt `attempts + 1`, leased for `lease`. Tenant running caps and task type
 /// running limits hold across all runners (run this in READ COMMITTED, the default, for them to
 /// see other claims).
@@ -64,15 +64,16 @@ pub async fn claim<'c, E: PgExecutor<'c>>(
     // the task is simply pending again, to be claimed (and run) once more: at-least-once
     // holds, and the runner that lost it is fenced out when it reports. See benches/README.md.
     let ring_start: i32 = rand::random_range(0..i32::MAX);
-    let rows: Vec<ClaimRow> = sqlx::query_as(include_str!("claim.sql"))
-        .bind(runner)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .bind(task_types)
-        .bind(millis(lease))
-        .bind(mode == ClaimMode::Starved)
-        .bind(ring_start)
-        .fetch_all(executor)
-        .await?;
+    let rows: Vec<ClaimRow> =
+        sqlx::query_as(r#"select * from sweep_claim($1, $2, $3, $4, $5, $6)"#)
+            .bind(runner)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(task_types)
+            .bind(millis(lease))
+            .bind(mode == ClaimMode::Starved)
+            .bind(ring_start)
+            .fetch_all(executor)
+            .await?;
     Ok(rows.into_iter().map(ClaimRow::into_task).collect())
 }
 

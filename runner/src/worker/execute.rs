@@ -1,13 +1,16 @@
 //! Running one claimed task: resolve its module (compiled once per sha256), resolve its limits,
-//! run it in the sandbox on the guest runtime under a tracing span, and produce the [`Report`]
-//! to write back. Everything but the run itself stays on the caller's (control) runtime.
+//! run it in the sandbox under a tracing span, and produce the [`Report`] to write back.
+//!
+//! Runs on the guest runtime (see `guests.rs`). Its one database read, the module's bytes on a
+//! cache miss, is sent to the control runtime, so no connection is ever opened or driven by
+//! threads that guests keep busy.
 
 use std::time::Duration;
 
 use sqlx::PgPool;
 use tracing::{field::Empty, Instrument};
 
-use super::{Guests, Report};
+use super::Report;
 use crate::{
     config::WorkerConfig,
     queue::{self, ClaimedTask, ModuleSettings, RetryPolicy},
@@ -16,8 +19,8 @@ use crate::{
 
 pub(super) async fn execute(
     pool: &PgPool,
+    control: &tokio::runtime::Handle,
     sandbox: &Sandbox,
-    guests: &Guests,
     modules: &ModuleCache,
     config: &WorkerConfig,
     task: ClaimedTask,
@@ -39,12 +42,16 @@ pub(super) async fn execute(
             None => (not_run(Outcome::ModuleMissing), None),
             Some(module) => {
                 let load = || async {
-                    match queue::module_bytes(pool, &module.sha256).await {
-                        Ok(Some(bytes)) => Ok(bytes),
-                        Ok(None) => {
+                    let (pool, sha256) = (pool.clone(), module.sha256.clone());
+                    let read =
+                        control.spawn(async move { queue::module_bytes(&pool, &sha256).await });
+                    match read.await {
+                        Ok(Ok(Some(bytes))) => Ok(bytes),
+                        Ok(Ok(None)) => {
                             Err(format!("module {} vanished from the registry", module.sha256))
                         }
-                        Err(e) => Err(e.to_string()),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(e) => Err(format!("reading the module did not finish: {e}")),
                     }
                 };
                 let execution = match modules.get_or_compile(&module.sha256, load).await {
@@ -61,7 +68,7 @@ pub(super) async fn execute(
                             u32::try_from(task.max_attempts).unwrap_or(0),
                             &task.payload,
                         );
-                        guests.run(sandbox.clone(), compiled, input, limits).await
+                        sandbox.run(&compiled, &input, &limits).await
                     }
                     Err(e) => not_run(Outcome::RunnerError(format!("module not loadable: {e}"))),
                 };

@@ -1,16 +1,21 @@
 //! Where guests execute: a tokio runtime of their own, apart from the control plane.
 //!
-//! Owns: the guest runtime (one worker thread per core, named `sweep-guest`) and the hand-off
-//! of one sandbox run to it.
+//! Owns: the guest runtime (one worker thread per core, named `sweep-guest`) on which each
+//! claimed task's execution is spawned.
 //!
 //! Why: a spinning guest holds its thread until its next epoch yield. On the runtime that also
 //! runs the claim loop, the NOTIFY listener, heartbeats, the reporter and the admin API, a few
 //! spinning guests delay all of them. Here they only delay each other, and the operating system
 //! shares the cores between these threads and the control plane's.
 //!
+//! Guest threads run at a lower scheduling priority (nice +[`GUEST_NICE`]): when the cores are
+//! short, the control plane and a Postgres on the same host get them first, and guests get
+//! whatever is left, which is all of it when nothing else wants it.
+//!
 //! Invariants:
-//! - only [`Sandbox::run`] executes here; everything that touches Postgres stays on the caller's
-//!   runtime (a connection opened here would be driven by threads that guests keep busy);
+//! - nothing here touches Postgres: a task's execution sends its one read (module bytes) to
+//!   the control runtime, and its report goes to the reporter over a channel (a connection
+//!   opened here would be driven by threads that guests keep busy);
 //! - the scheduler looks at newly spawned runs before every task it resumes
 //!   (`global_queue_interval(1)`), so a task that just got a slot starts at the next epoch
 //!   yield of any guest, not after a round of every spinning guest;
@@ -21,7 +26,8 @@ use std::sync::Arc;
 
 use tokio::runtime::{Builder, Runtime};
 
-use crate::sandbox::{CompiledModule, Execution, Limits, Outcome, Sandbox, TaskInput};
+/// How much lower guest threads' priority is than the process's (Linux nice increments).
+pub const GUEST_NICE: i32 = 10;
 
 /// A handle to the guest runtime; clones share it.
 #[derive(Debug, Clone)]
@@ -47,6 +53,7 @@ impl Guests {
             .worker_threads(threads.max(1))
             .thread_name("sweep-guest")
             .global_queue_interval(1)
+            .on_thread_start(lower_priority)
             .enable_all()
             .build()?;
         Ok(Guests { runtime: Arc::new(GuestRuntime(Some(runtime))) })
@@ -58,42 +65,26 @@ impl Guests {
         Self::start(cores)
     }
 
-    /// Runs `module` for `input` on the guest runtime and waits for the outcome there.
-    pub async fn run(
-        &self,
-        sandbox: Sandbox,
-        module: Arc<CompiledModule>,
-        input: TaskInput,
-        limits: Limits,
-    ) -> Execution {
-        let Some(runtime) = self.runtime.0.as_ref() else {
-            return lost("the guest runtime is shut down");
-        };
-        let mut run =
-            AbortOnDrop(runtime.spawn(async move { sandbox.run(&module, &input, &limits).await }));
-        match (&mut run.0).await {
-            Ok(execution) => execution,
-            Err(e) => lost(&format!("guest run did not finish: {e}")),
+    /// Spawns `task` on the guest runtime.
+    pub fn spawn<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match self.runtime.0.as_ref() {
+            Some(runtime) => runtime.spawn(task),
+            // Only `Drop` takes the runtime, and no handle outlives it.
+            None => tokio::spawn(task),
         }
     }
 }
 
-/// The run belongs to the task that awaits it: when that task is aborted (a shutdown past its
-/// grace period), the guest stops too instead of running on unobserved.
-struct AbortOnDrop(tokio::task::JoinHandle<Execution>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-fn lost(why: &str) -> Execution {
-    Execution {
-        outcome: Outcome::RunnerError(why.to_owned()),
-        stderr: String::new(),
-        stderr_truncated: false,
-        duration: std::time::Duration::ZERO,
-        fuel_used: 0,
+/// Lowers the calling thread's priority by [`GUEST_NICE`] (on Linux `setpriority` on a thread
+/// id applies to that thread alone). Where it cannot, guests simply run at normal priority.
+fn lower_priority() {
+    let thread = Some(rustix::thread::gettid());
+    let current = rustix::process::getpriority_process(thread).unwrap_or(0);
+    if let Err(e) = rustix::process::setpriority_process(thread, current + GUEST_NICE) {
+        tracing::debug!(error = %e, "guest thread keeps its priority");
     }
 }

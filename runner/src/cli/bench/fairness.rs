@@ -1,0 +1,475 @@
+//! `sweep bench fairness`: what one tenant's load does to another's, measured on a real runner.
+//!
+//! Four scenarios, each on a fresh database, each printed as a small table with its target:
+//! - noisy neighbour: tenant B enqueues one small task every 20 ms, alone and then while
+//!   tenant A floods the queue with tasks that spin until their 2 s timeout; B's
+//!   enqueue-to-start latency (database clock) in both phases;
+//! - shares: three backlogged tenants with weights 1, 1 and 2 running tasks that hold a slot
+//!   for 100 ms; each one's share of the held slots, sampled every 100 ms;
+//! - cost: draining the same number of no-op tasks owned by one tenant and by 1,000, with
+//!   10,000 tenants in the table either way;
+//! - control plane: admin API latency (enqueue over HTTP) and heartbeat intervals with the
+//!   runner idle and with every slot spinning.
+
+use std::{collections::HashMap, path::Path, time::Duration};
+
+use anyhow::{bail, Context};
+use serde_json::json;
+use sqlx::{migrate::MigrateDatabase, PgPool, Postgres};
+use sweep::{
+    admin::{self, AdminConfig, AdminState},
+    config::WorkerConfig,
+    queue::{self, bench_support, ModuleSettings, NewTask, TenantCaps},
+    sandbox::sha256_hex,
+    worker::{Worker, WorkerSummary},
+};
+use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
+
+use super::super::serve::WorkerArgs;
+
+#[derive(Debug, clap::Args)]
+pub struct FairnessArgs {
+    /// Small tasks tenant B enqueues in each phase of the noisy-neighbour scenario.
+    #[arg(long, default_value_t = 250)]
+    pub trickle: usize,
+    /// Spinning tasks tenant A floods the queue with.
+    #[arg(long, default_value_t = 100_000)]
+    pub flood: usize,
+    /// No-op tasks drained in each run of the cost scenario.
+    #[arg(long, default_value_t = 50_000)]
+    pub cost_tasks: usize,
+    /// Tenants with due work in the many-tenant run of the cost scenario.
+    #[arg(long, default_value_t = 1_000)]
+    pub busy_tenants: usize,
+    /// Tenants in the table in the cost scenario (the rest have nothing due).
+    #[arg(long, default_value_t = 10_000)]
+    pub all_tenants: usize,
+    /// Seconds the shares scenario samples for.
+    #[arg(long, default_value_t = 10)]
+    pub share_secs: u64,
+    #[command(flatten)]
+    pub worker: WorkerArgs,
+}
+
+const SPIN_MS: i64 = 2_000;
+const HOLD_MS: u64 = 100;
+const TRICKLE_EVERY: Duration = Duration::from_millis(20);
+
+pub async fn fairness(url: &str, modules: &Path, args: &FairnessArgs) -> anyhow::Result<()> {
+    let config = args.worker.to_config();
+    println!(
+        "runner: concurrency {}, {} spare slots, batch {}, {} claim lanes",
+        config.concurrency, config.spare_slots, config.batch_size, config.claimers
+    );
+    noisy_neighbour(url, modules, &config, args).await?;
+    shares(url, modules, &config, args).await?;
+    cost(url, &config, args).await?;
+    control_plane(url, modules, &config).await
+}
+
+async fn noisy_neighbour(
+    url: &str,
+    modules: &Path,
+    config: &WorkerConfig,
+    args: &FairnessArgs,
+) -> anyhow::Result<()> {
+    let pool = fresh_database(url).await?;
+    register(&pool, "b", "small", &read_module(modules, "noop")?, ModuleSettings::default())
+        .await?;
+    let spin = ModuleSettings {
+        fuel: Some(200_000_000_000),
+        timeout_ms: Some(SPIN_MS),
+        max_attempts: Some(1),
+        ..ModuleSettings::default()
+    };
+    register(&pool, "a", "spin", &read_module(modules, "spinloop")?, spin).await?;
+    let runner = Running::start(&pool, config.clone())?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let quiet = trickle(&pool, args.trickle).await?;
+    for chunk in (0..args.flood).collect::<Vec<_>>().chunks(10_000) {
+        let tasks: Vec<NewTask> =
+            chunk.iter().map(|i| NewTask::new("spin", json!({ "i": i })).tenant("a")).collect();
+        queue::enqueue_many(&pool, &tasks).await?;
+    }
+    wait_until(Duration::from_secs(10), || async {
+        let running = running_of(&pool, "a").await?;
+        Ok(running >= config.concurrency as i64)
+    })
+    .await
+    .context("tenant A never held every slot")?;
+    let flooded = trickle(&pool, args.trickle).await?;
+    let a_running = running_of(&pool, "a").await?;
+    runner.stop().await?;
+
+    let limit = 2.0 * quiet.p99 + 20.0;
+    println!();
+    println!(
+        "noisy neighbour: A floods {} tasks that spin {} s each; B enqueues one small task every \
+         {} ms ({} per phase)",
+        args.flood,
+        SPIN_MS / 1000,
+        TRICKLE_EVERY.as_millis(),
+        args.trickle
+    );
+    println!("  {:<28} {:>10} {:>10}", "B's enqueue-to-start", "p50", "p99");
+    println!("  {:<28} {:>8.2}ms {:>8.2}ms", "B alone", quiet.p50, quiet.p99);
+    println!(
+        "  {:<28} {:>8.2}ms {:>8.2}ms   (A held {a_running} slots at the end)",
+        "B during A's flood", flooded.p50, flooded.p99
+    );
+    println!(
+        "  target: flood p99 <= 2 x quiet p99 + 20 ms = {limit:.1} ms: {}",
+        verdict(flooded.p99 <= limit)
+    );
+    Ok(())
+}
+
+async fn shares(
+    url: &str,
+    modules: &Path,
+    config: &WorkerConfig,
+    args: &FairnessArgs,
+) -> anyhow::Result<()> {
+    let pool = fresh_database(url).await?;
+    let hold = read_module(modules, "sleep")?;
+    let tenants = [("w1-a", 1), ("w1-b", 1), ("w2", 2)];
+    let backlog = config.concurrency * 3 * (args.share_secs as usize + 5) * 1000
+        / usize::try_from(HOLD_MS).unwrap_or(1);
+    for (name, weight) in tenants {
+        admin::create_tenant(&pool, name, &TenantCaps::default()).await?;
+        queue::set_tenant_weight(&pool, name, weight).await?;
+        register(&pool, name, "hold", &hold, ModuleSettings::default()).await?;
+        let tasks: Vec<NewTask> = (0..backlog / 3)
+            .map(|_| NewTask::new("hold", json!({ "sleep_ms": HOLD_MS })).tenant(name))
+            .collect();
+        for chunk in tasks.chunks(10_000) {
+            queue::enqueue_many(&pool, chunk).await?;
+        }
+    }
+    let runner = Running::start(&pool, config.clone())?;
+    wait_until(Duration::from_secs(10), || async {
+        let held: i64 = bench_support::running_by_tenant(&pool).await?.iter().map(|r| r.1).sum();
+        Ok(held >= config.concurrency as i64)
+    })
+    .await?;
+    let mut samples: HashMap<String, Vec<i64>> = HashMap::new();
+    let mut totals = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let until = Instant::now() + Duration::from_secs(args.share_secs);
+    while Instant::now() < until {
+        tick.tick().await;
+        let running: HashMap<String, i64> =
+            bench_support::running_by_tenant(&pool).await?.into_iter().collect();
+        totals.push(running.values().sum::<i64>());
+        for (name, _) in tenants {
+            samples.entry(name.to_owned()).or_default().push(*running.get(name).unwrap_or(&0));
+        }
+    }
+    runner.stop().await?;
+
+    let total: i64 = totals.iter().sum();
+    let weights: i32 = tenants.iter().map(|t| t.1).sum();
+    println!();
+    println!(
+        "shares: three backlogged tenants, tasks that hold a slot {HOLD_MS} ms, {} samples over \
+         {} s",
+        totals.len(),
+        args.share_secs
+    );
+    println!(
+        "  {:<8} {:>6} {:>10} {:>10} {:>12}  target: within 10% of its weight's share",
+        "tenant", "weight", "expected", "measured", "slots min-max"
+    );
+    for (name, weight) in tenants {
+        let held = &samples[name];
+        let share = held.iter().sum::<i64>() as f64 / total.max(1) as f64;
+        let expected = f64::from(weight) / f64::from(weights);
+        let (min, max) = (held.iter().min().unwrap_or(&0), held.iter().max().unwrap_or(&0));
+        println!(
+            "  {:<8} {:>6} {:>9.1}% {:>9.1}% {:>8}-{:<4} {}",
+            name,
+            weight,
+            expected * 100.0,
+            share * 100.0,
+            min,
+            max,
+            verdict((share - expected).abs() <= 0.1 * expected)
+        );
+    }
+    Ok(())
+}
+
+async fn cost(url: &str, config: &WorkerConfig, args: &FairnessArgs) -> anyhow::Result<()> {
+    let one = drain(url, config, args, 1).await?;
+    let many = drain(url, config, args, args.busy_tenants).await?;
+    println!();
+    println!(
+        "cost: {} no-op tasks (empty guest) drained, {} tenants in the table",
+        args.cost_tasks, args.all_tenants
+    );
+    println!("  {:<36} {:>10}", "tenants with due work", "tasks/s");
+    println!("  {:<36} {:>10.0}", "1", one);
+    println!("  {:<36} {:>10.0}", args.busy_tenants, many);
+    println!(
+        "  target: {} tenants >= 0.8 x one tenant: {:.2}x {}",
+        args.busy_tenants,
+        many / one,
+        verdict(many / one >= 0.8)
+    );
+    Ok(())
+}
+
+/// Drains `args.cost_tasks` no-op tasks spread over `busy` tenants; returns tasks/s.
+async fn drain(
+    url: &str,
+    config: &WorkerConfig,
+    args: &FairnessArgs,
+    busy: usize,
+) -> anyhow::Result<f64> {
+    let pool = fresh_database(url).await?;
+    bench_support::add_idle_tenants(&pool, "idle", args.all_tenants.saturating_sub(busy)).await?;
+    let noop = wat::parse_str(super::BARE_NOOP)?;
+    let mut tasks = Vec::with_capacity(args.cost_tasks);
+    for t in 0..busy {
+        let tenant = format!("busy{t}");
+        admin::create_tenant(&pool, &tenant, &TenantCaps::default()).await?;
+        register(&pool, &tenant, "noop", &noop, ModuleSettings::default()).await?;
+    }
+    for i in 0..args.cost_tasks {
+        tasks.push(NewTask::new("noop", json!({ "i": i })).tenant(format!("busy{}", i % busy)));
+    }
+    for chunk in tasks.chunks(10_000) {
+        queue::enqueue_many(&pool, chunk).await?;
+    }
+    bench_support::vacuum_tasks(&pool, true).await?;
+    let started = Instant::now();
+    let runner = Running::start(&pool, config.clone())?;
+    while bench_support::any_unfinished(&pool).await? {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    runner.stop().await?;
+    Ok(args.cost_tasks as f64 / secs)
+}
+
+async fn control_plane(url: &str, modules: &Path, config: &WorkerConfig) -> anyhow::Result<()> {
+    let pool = fresh_database(url).await?;
+    let (_, token) = admin::create_tenant(&pool, "b", &TenantCaps::default()).await?;
+    register(&pool, "b", "small", &read_module(modules, "noop")?, ModuleSettings::default())
+        .await?;
+    let spin = ModuleSettings {
+        fuel: Some(200_000_000_000),
+        timeout_ms: Some(SPIN_MS),
+        max_attempts: Some(1),
+        ..ModuleSettings::default()
+    };
+    register(&pool, "a", "spin", &read_module(modules, "spinloop")?, spin).await?;
+    // Heartbeats every second, so a few seconds show several intervals.
+    let config = WorkerConfig { lease: Duration::from_secs(3), ..config.clone() };
+    let runner = Running::start(&pool, config.clone())?;
+    let state = AdminState::new(pool.clone(), runner.sandbox.clone(), AdminConfig::default())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (stop_api, api_stopped) = oneshot::channel::<()>();
+    let api = tokio::spawn(admin::serve_on(listener, state, async {
+        let _ = api_stopped.await;
+    }));
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/v1/tasks");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let idle = probe(&pool, runner.id, &client, &url, &token).await?;
+    let flood: Vec<NewTask> =
+        (0..10_000).map(|i| NewTask::new("spin", json!({ "i": i })).tenant("a")).collect();
+    queue::enqueue_many(&pool, &flood).await?;
+    wait_until(Duration::from_secs(10), || async {
+        Ok(running_of(&pool, "a").await? >= config.concurrency as i64)
+    })
+    .await?;
+    let spinning = probe(&pool, runner.id, &client, &url, &token).await?;
+    let _ = stop_api.send(());
+    api.await??;
+    runner.stop().await?;
+
+    println!();
+    println!(
+        "control plane: {} enqueues over the admin API at 50/s, heartbeats every {} ms",
+        idle.api.count,
+        config.heartbeat_interval().as_millis()
+    );
+    println!("  {:<24} {:>10} {:>10} {:>16}", "runner", "API p50", "API p99", "heartbeat max");
+    for (what, p) in [("idle", &idle), ("every slot spinning", &spinning)] {
+        println!(
+            "  {:<24} {:>8.2}ms {:>8.2}ms {:>14.0}ms",
+            what, p.api.p50, p.api.p99, p.heartbeat_max_ms
+        );
+    }
+    println!(
+        "  target: spinning API p99 <= 2 x idle: {:.2}x {}; heartbeat interval <= 2 x idle: \
+         {:.2}x {}",
+        spinning.api.p99 / idle.api.p99,
+        verdict(spinning.api.p99 <= 2.0 * idle.api.p99),
+        spinning.heartbeat_max_ms / idle.heartbeat_max_ms,
+        verdict(spinning.heartbeat_max_ms <= 2.0 * idle.heartbeat_max_ms)
+    );
+    Ok(())
+}
+
+struct Probe {
+    api: Percentiles,
+    heartbeat_max_ms: f64,
+}
+
+/// 200 enqueues over HTTP at 50/s, watching the runner's heartbeats meanwhile.
+async fn probe(
+    pool: &PgPool,
+    runner: uuid::Uuid,
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+) -> anyhow::Result<Probe> {
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let mut latencies = Vec::new();
+    let mut beats = Vec::new();
+    for i in 0..200 {
+        tick.tick().await;
+        let sent = Instant::now();
+        let response = client
+            .post(url)
+            .bearer_auth(token)
+            .json(&json!({"task_type": "small", "payload": {"i": i}}))
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            bail!("enqueue over the API answered {}", response.status());
+        }
+        latencies.push(sent.elapsed().as_secs_f64() * 1000.0);
+        if let Some(at) = bench_support::last_heartbeat(pool, runner).await? {
+            if beats.last() != Some(&at) {
+                beats.push(at);
+            }
+        }
+    }
+    let heartbeat_max_ms =
+        beats.windows(2).map(|w| (w[1] - w[0]).as_seconds_f64() * 1000.0).fold(0.0, f64::max);
+    Ok(Probe { api: Percentiles::of(latencies), heartbeat_max_ms })
+}
+
+/// B's trickle: one small task every 20 ms; waits for all of them to finish and returns their
+/// enqueue-to-start latency in ms.
+async fn trickle(pool: &PgPool, n: usize) -> anyhow::Result<Percentiles> {
+    let mut tick = tokio::time::interval(TRICKLE_EVERY);
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        tick.tick().await;
+        ids.push(
+            queue::enqueue(pool, NewTask::new("small", json!({ "i": i })).tenant("b")).await?.id,
+        );
+    }
+    wait_until(Duration::from_secs(120), || async {
+        Ok(bench_support::count_live(pool, &ids).await? == 0)
+    })
+    .await
+    .context("B's tasks did not all finish within 120 s")?;
+    let waits = bench_support::start_waits(pool, &ids).await?;
+    Ok(Percentiles::of(waits.into_iter().map(|s| s * 1000.0).collect()))
+}
+
+struct Percentiles {
+    count: usize,
+    p50: f64,
+    p99: f64,
+}
+
+impl Percentiles {
+    fn of(mut values: Vec<f64>) -> Self {
+        values.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let i = ((values.len().max(1) - 1) as f64 * q).round() as usize;
+            values.get(i).copied().unwrap_or(f64::NAN)
+        };
+        Percentiles { count: values.len(), p50: at(0.5), p99: at(0.99) }
+    }
+}
+
+/// A runner in this process, with its sandbox for an admin API next to it.
+struct Running {
+    id: uuid::Uuid,
+    sandbox: sweep::sandbox::Sandbox,
+    stop: oneshot::Sender<()>,
+    handle: JoinHandle<Result<WorkerSummary, sweep::worker::WorkerError>>,
+}
+
+impl Running {
+    fn start(pool: &PgPool, config: WorkerConfig) -> anyhow::Result<Self> {
+        // Running tasks are handed back quickly when a scenario ends.
+        let config = WorkerConfig { grace_period: Duration::from_millis(200), ..config };
+        let worker = Worker::new(pool.clone(), config)?;
+        let (id, sandbox) = (worker.id(), worker.sandbox().clone());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(worker.run(async {
+            let _ = stopped.await;
+        }));
+        Ok(Running { id, sandbox, stop, handle })
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(());
+        self.handle.await??;
+        Ok(())
+    }
+}
+
+async fn fresh_database(url: &str) -> anyhow::Result<PgPool> {
+    if Postgres::database_exists(url).await.context("reaching Postgres")? {
+        Postgres::drop_database(url).await.context("dropping the previous bench database")?;
+    }
+    Ok(queue::connect(url, 16).await.context("creating the bench database")?)
+}
+
+fn read_module(dir: &Path, name: &str) -> anyhow::Result<Vec<u8>> {
+    let path = dir.join(format!("{name}.wasm"));
+    std::fs::read(&path)
+        .with_context(|| format!("reading {} (run scripts/build-modules.sh first)", path.display()))
+}
+
+async fn register(
+    pool: &PgPool,
+    tenant: &str,
+    task_type: &str,
+    bytes: &[u8],
+    settings: ModuleSettings,
+) -> anyhow::Result<()> {
+    queue::register_module(pool, tenant, task_type, &sha256_hex(bytes), bytes, &settings).await?;
+    Ok(())
+}
+
+async fn running_of(pool: &PgPool, tenant: &str) -> anyhow::Result<i64> {
+    let running = bench_support::running_by_tenant(pool).await?;
+    Ok(running.into_iter().find(|(t, _)| t == tenant).map_or(0, |(_, n)| n))
+}
+
+/// Polls `done` every 20 ms until it says yes, or fails after `limit`.
+async fn wait_until<F, Fut>(limit: Duration, mut done: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let until = Instant::now() + limit;
+    while !done().await? {
+        if Instant::now() >= until {
+            bail!("still waiting after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "NOT MET"
+    }
+}
