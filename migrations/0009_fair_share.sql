@@ -315,7 +315,8 @@ begin
     caps as materialized (
         select name, sweep_tenant_free_slots(name, max_running) as free
         from tenants
-        where max_running is not null and name in (select tenant from queue_room)
+        where max_running is not null
+          and exists (select 1 from queue_room q where q.tenant = tenants.name)
     ),
     -- Per tenant: its weight, slots held, and room (its queues' room, bounded by its cap).
     tenant_room as materialized (
@@ -367,11 +368,10 @@ begin
         where a.slots ? q.tenant
     ),
     -- Each chosen queue's tasks in priority order, locked; another claimer's rows are skipped.
-    -- One row more than wanted is looked at (and stays locked until commit, unused): without it,
-    -- the queue has run dry and its hint is corrected below.
+    -- `more`: whether anything else of the queue is due (looked at, not locked); when not, the
+    -- queue has run dry and its hint is corrected below.
     picked as materialized (
-        select a.tenant, a.task_type, a.want, p.more,
-               p.ctids[1:a.want] as ctids, p.ids[1:a.want] as ids
+        select a.tenant, a.task_type, a.want, m.more, p.ctids, p.ids
         from (
             select tenant, task_type, count(*) as want
             from queue_tickets
@@ -379,18 +379,24 @@ begin
             group by tenant, task_type
         ) a
         cross join lateral (
-            select array_agg(t.ctid order by t.priority desc, t.run_at, t.id) as ctids,
-                   array_agg(t.id order by t.priority desc, t.run_at, t.id) as ids,
-                   count(*) > a.want as more
+            select array_agg(t.ctid) as ctids, array_agg(t.id) as ids
             from (
-                select t.ctid, t.id, t.priority, t.run_at from tasks t
+                select t.ctid, t.id from tasks t
                 where t.tenant = a.tenant and t.task_type = a.task_type
                   and t.state in ('pending', 'retrying') and t.run_at <= now()
                 order by t.priority desc, t.run_at, t.id
-                limit a.want + 1
+                limit a.want
                 for update skip locked
             ) t
         ) p
+        cross join lateral (
+            select exists (
+                select 1 from tasks t
+                where t.tenant = a.tenant and t.task_type = a.task_type
+                  and t.state in ('pending', 'retrying') and t.run_at <= now()
+                  and t.id <> all(coalesce(p.ids, '{}'))
+            ) as more
+        ) m
     ),
     picked_ids as materialized (
         select coalesce(array_agg(id), '{}') as ids,

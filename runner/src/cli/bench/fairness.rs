@@ -47,8 +47,19 @@ pub struct FairnessArgs {
     /// Seconds the shares scenario samples for.
     #[arg(long, default_value_t = 10)]
     pub share_secs: u64,
+    /// Run only these scenarios (repeat the flag; default: all four).
+    #[arg(long, value_enum)]
+    pub only: Vec<Scenario>,
     #[command(flatten)]
     pub worker: WorkerArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    Noisy,
+    Shares,
+    Cost,
+    Control,
 }
 
 const SPIN_MS: i64 = 2_000;
@@ -61,10 +72,20 @@ pub async fn fairness(url: &str, modules: &Path, args: &FairnessArgs) -> anyhow:
         "runner: concurrency {}, {} spare slots, batch {}, {} claim lanes",
         config.concurrency, config.spare_slots, config.batch_size, config.claimers
     );
-    noisy_neighbour(url, modules, &config, args).await?;
-    shares(url, modules, &config, args).await?;
-    cost(url, &config, args).await?;
-    control_plane(url, modules, &config).await
+    let run = |s: Scenario| args.only.is_empty() || args.only.contains(&s);
+    if run(Scenario::Noisy) {
+        noisy_neighbour(url, modules, &config, args).await?;
+    }
+    if run(Scenario::Shares) {
+        shares(url, modules, &config, args).await?;
+    }
+    if run(Scenario::Cost) {
+        cost(url, &config, args).await?;
+    }
+    if run(Scenario::Control) {
+        control_plane(url, modules, &config).await?;
+    }
+    Ok(())
 }
 
 async fn noisy_neighbour(
