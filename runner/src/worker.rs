@@ -94,6 +94,8 @@ struct Lane {
     /// Fair claims in flight on any lane: their slots are taken but their tasks are not
     /// `running` yet, so a spare-slot claim now would see those queues as idle.
     fair_claims: Arc<AtomicUsize>,
+    /// Signalled whenever a fair claim ends.
+    claim_done: Arc<tokio::sync::Notify>,
     reports: mpsc::UnboundedSender<Report>,
     in_flight: InFlight,
     wakeups: Arc<Wakeups>,
@@ -162,6 +164,7 @@ impl Worker {
         let slots = Arc::new(Semaphore::new(self.config.concurrency));
         let spare = Arc::new(Semaphore::new(self.config.spare_slots));
         let fair_claims = Arc::new(AtomicUsize::new(0));
+        let claim_done = Arc::new(tokio::sync::Notify::new());
         let in_flight: InFlight = Arc::default();
         let wakeups = Arc::new(wakeups);
         let (claim_stop_tx, claim_stop_rx) = watch::channel(false);
@@ -171,6 +174,7 @@ impl Worker {
                     slots: Arc::clone(&slots),
                     spare: Arc::clone(&spare),
                     fair_claims: Arc::clone(&fair_claims),
+                    claim_done: Arc::clone(&claim_done),
                     reports: report_tx.clone(),
                     in_flight: Arc::clone(&in_flight),
                     wakeups: Arc::clone(&wakeups),
@@ -261,7 +265,7 @@ impl Worker {
             }
         }
         let want = permits.iter().map(|p| p.num_permits()).sum::<usize>();
-        let _in_flight = (mode == ClaimMode::Fair).then(|| FairClaim::start(&lane.fair_claims));
+        let _in_flight = (mode == ClaimMode::Fair).then(|| FairClaim::start(lane));
         let claimed = match queue::claim(
             &self.pool,
             self.id,
@@ -362,39 +366,52 @@ impl Worker {
     }
 }
 
-/// Resolves, while every slot is busy and a spare slot is free, on the next wake-up (or poll,
-/// the backstop) with that spare slot. Pending while a slot is free, a fair claim is in flight
-/// (its tasks are not `running` yet, so their queues would look idle) or no spare slot is, so
-/// the caller's other branches decide.
+/// Resolves, once every slot is busy, no fair claim is in flight (its tasks are not `running`
+/// yet, so their queues would look idle) and a wake-up (or the poll, the backstop) came, with a
+/// spare slot. Pending while a slot is free: the caller's slot branch takes over, and a wake-up
+/// this lane already took is handed on to whichever lane waits next.
 async fn spare_wakeup(lane: &Lane, poll: std::time::Duration) -> Option<OwnedSemaphorePermit> {
-    let busy =
-        || lane.slots.available_permits() == 0 && lane.fair_claims.load(Ordering::Acquire) == 0;
+    let mut woken = false;
     loop {
-        if !busy() {
+        if lane.slots.available_permits() > 0 {
+            if woken {
+                lane.wakeups.wake();
+            }
             return std::future::pending().await;
         }
+        let claim_done = lane.claim_done.notified();
+        tokio::pin!(claim_done);
+        claim_done.as_mut().enable();
+        if lane.fair_claims.load(Ordering::Acquire) > 0 {
+            claim_done.await;
+            continue;
+        }
+        if !woken {
+            lane.wakeups.wait(poll).await;
+            woken = true;
+            continue;
+        }
         let permit = Arc::clone(&lane.spare).acquire_owned().await.ok()?;
-        lane.wakeups.wait(poll).await;
-        // Checked again: a lane may have started a fair claim while this one waited.
-        if busy() {
+        if lane.slots.available_permits() == 0 && lane.fair_claims.load(Ordering::Acquire) == 0 {
             return Some(permit);
         }
     }
 }
 
 /// Counts a fair claim as in flight until dropped (after its tasks were spawned, or on error).
-struct FairClaim<'a>(&'a AtomicUsize);
+struct FairClaim<'a>(&'a Lane);
 
 impl<'a> FairClaim<'a> {
-    fn start(counter: &'a AtomicUsize) -> Self {
-        counter.fetch_add(1, Ordering::AcqRel);
-        FairClaim(counter)
+    fn start(lane: &'a Lane) -> Self {
+        lane.fair_claims.fetch_add(1, Ordering::AcqRel);
+        FairClaim(lane)
     }
 }
 
 impl Drop for FairClaim<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.fair_claims.fetch_sub(1, Ordering::AcqRel);
+        self.0.claim_done.notify_waiters();
     }
 }
 
