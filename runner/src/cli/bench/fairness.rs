@@ -95,15 +95,7 @@ async fn noisy_neighbour(
     args: &FairnessArgs,
 ) -> anyhow::Result<()> {
     let pool = fresh_database(url).await?;
-    register(&pool, "b", "small", &read_module(modules, "noop")?, ModuleSettings::default())
-        .await?;
-    let spin = ModuleSettings {
-        fuel: Some(200_000_000_000),
-        timeout_ms: Some(SPIN_MS),
-        max_attempts: Some(1),
-        ..ModuleSettings::default()
-    };
-    register(&pool, "a", "spin", &read_module(modules, "spinloop")?, spin).await?;
+    register_neighbours(&pool, modules).await?;
     let runner = Running::start(&pool, config.clone())?;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -277,15 +269,7 @@ async fn drain(
 async fn control_plane(url: &str, modules: &Path, config: &WorkerConfig) -> anyhow::Result<()> {
     let pool = fresh_database(url).await?;
     let (_, token) = admin::create_tenant(&pool, "b", &TenantCaps::default()).await?;
-    register(&pool, "b", "small", &read_module(modules, "noop")?, ModuleSettings::default())
-        .await?;
-    let spin = ModuleSettings {
-        fuel: Some(200_000_000_000),
-        timeout_ms: Some(SPIN_MS),
-        max_attempts: Some(1),
-        ..ModuleSettings::default()
-    };
-    register(&pool, "a", "spin", &read_module(modules, "spinloop")?, spin).await?;
+    register_neighbours(&pool, modules).await?;
     // Heartbeats every second, so a few seconds show several intervals.
     let config = WorkerConfig { lease: Duration::from_secs(3), ..config.clone() };
     let runner = Running::start(&pool, config.clone())?;
@@ -464,6 +448,18 @@ async fn register(
 ) -> anyhow::Result<()> {
     queue::register_module(pool, tenant, task_type, &sha256_hex(bytes), bytes, &settings).await?;
     Ok(())
+}
+
+/// Tenant B's small task type and tenant A's spinner (until its 2 s timeout, one attempt).
+async fn register_neighbours(pool: &PgPool, modules: &Path) -> anyhow::Result<()> {
+    register(pool, "b", "small", &read_module(modules, "noop")?, ModuleSettings::default()).await?;
+    let spin = ModuleSettings {
+        fuel: Some(200_000_000_000),
+        timeout_ms: Some(SPIN_MS),
+        max_attempts: Some(1),
+        ..ModuleSettings::default()
+    };
+    register(pool, "a", "spin", &read_module(modules, "spinloop")?, spin).await
 }
 
 async fn running_of(pool: &PgPool, tenant: &str) -> anyhow::Result<i64> {
