@@ -58,18 +58,16 @@ drop index tasks_claim;
 create index tasks_queue on tasks (tenant, task_type, priority desc, run_at, id)
     where state in ('pending', 'retrying');
 
-insert into queues (tenant, task_type, next_run_at, weight)
-select k.tenant, k.task_type, k.next_run_at, coalesce(t.weight, 1)
+-- Every queue that has tasks or an active module; weights are all 1 at this point.
+insert into queues (tenant, task_type, next_run_at)
+select k.tenant, k.task_type, min(k.run_at)
 from (
-    select tenant, task_type, min(run_at) filter (where state in ('pending', 'retrying'))
+    select tenant, task_type, case when state in ('pending', 'retrying') then run_at end
     from tasks
-    group by tenant, task_type
-    union
+    union all
     select tenant, task_type, null from active_modules
-) as k(tenant, task_type, next_run_at)
-left join tenants t on t.name = k.tenant
-on conflict (tenant, task_type)
-    do update set next_run_at = least(queues.next_run_at, excluded.next_run_at);
+) as k(tenant, task_type, run_at)
+group by k.tenant, k.task_type;
 
 -- Makes sure each queue has a row and its hint is no later than the given time. One call per
 -- statement that makes tasks wait, with one entry per distinct queue.

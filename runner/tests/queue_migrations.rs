@@ -72,3 +72,51 @@ async fn finished_tasks_move_out_of_the_live_table_with_everything_they_held(poo
     assert!(queue::complete_batch(&pool, runner, &[completion]).await.unwrap().is_empty());
     assert_eq!(state(&pool, 3).await, TaskState::Succeeded);
 }
+
+#[sqlx::test(migrations = false)]
+async fn queues_are_built_from_the_tasks_and_modules_there_are(pool: PgPool) {
+    apply(&pool, |v| v < 9).await;
+    let later = "now() + interval '1 hour'";
+    sqlx::raw_sql(&format!(
+        r#"
+        insert into modules (tenant, task_type, version, sha256, bytes)
+        values ('acme', 'mixed', 1, repeat('a', 64), '\x00'),
+               ('acme', 'idle', 1, repeat('b', 64), '\x00');
+        insert into active_modules (tenant, task_type, version)
+        values ('acme', 'mixed', 1), ('acme', 'idle', 1);
+        insert into tasks (id, tenant, task_type, payload, state, attempts, lease_owner,
+                           lease_expires_at, run_at)
+        values (1, 'acme', 'mixed', '{{}}', 'pending', 0, null, null, now()),
+               (2, 'acme', 'mixed', '{{}}', 'running', 1, gen_random_uuid(), {later}, now()),
+               (3, 'other', 'later', '{{}}', 'retrying', 1, null, null, {later});
+        select setval('tasks_id_seq', 3);
+        "#
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    apply(&pool, |v| v >= 9).await;
+
+    let queues: Vec<(String, String, bool)> = sqlx::query_as(
+        "select tenant, task_type, coalesce(next_run_at <= now(), false) from queues order by 1, 2",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let has = |t: &str, ty: &str| queues.iter().find(|q| q.0 == t && q.1 == ty).map(|q| q.2);
+    assert_eq!(queues.len(), 3, "{queues:?}");
+    assert_eq!(has("acme", "mixed"), Some(true), "its pending task is due");
+    assert_eq!(has("other", "later"), Some(false), "its retry is due in an hour");
+    let idle: Option<Option<chrono::DateTime<chrono::Utc>>> = sqlx::query_scalar(
+        "select next_run_at from queues where tenant = 'acme' and task_type = 'idle'",
+    )
+    .fetch_optional(&pool)
+    .await
+    .unwrap();
+    assert_eq!(idle, Some(None), "a module without tasks gets a queue with nothing due");
+
+    // The fair claim finds the due task and only that one.
+    let got = claim(&pool, new_runner(), 10).await;
+    assert_eq!(got.iter().map(|c| c.id).collect::<Vec<_>>(), vec![1]);
+}
