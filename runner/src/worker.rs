@@ -1,10 +1,10 @@
 //! The runner loop: claim -> run -> report, with heartbeats, maintenance and graceful shutdown.
 //!
 //! Shape: claim lanes take as many due tasks as there are free slots (up to a batch), shared
-//! fairly among tenants and task types by the claim itself, spawn each into its own tokio task
-//! and hand the outcome to the reporter, which writes completions and failures back in batches
-//! while the lanes already claim the next batch. The guest itself runs on the guest runtime
-//! ([`Guests`]), never on the runtime of the lanes, heartbeats, reporter and admin API.
+//! fairly among tenants and task types by the claim itself, and spawn each as a task of its own
+//! on the guest runtime ([`Guests`]), apart from the runtime of the lanes, heartbeats, reporter
+//! and admin API. Each hands its outcome to the reporter, which writes completions and failures
+//! back in batches while the lanes already claim the next batch.
 //! Heartbeats renew every lease this runner holds; maintenance runs the reaper, retention,
 //! runner pruning and the repair of queue hints.
 //!

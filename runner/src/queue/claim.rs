@@ -27,13 +27,13 @@ pub enum ClaimMode {
     Starved,
 }
 
-/// Claims up to `limit` due tasks for `runner` in one statement (`FOR UPDATE SKIP LOCKED`, so
+/// Claims up to `limit` due tasks for `runner` in one round trip (`FOR UPDATE SKIP LOCKED`, so
 /// concurrent claimers never wait on each other or take the same task), shared fairly among
 /// tenants (by weight) and their task types, counting what every runner holds: see
-/// `sweep_claim` in migrations/0009_fair_share.sql for the policy and its cost. `task_types` empty means any type. Each claimed task is
-/// `running` at attempt `attempts + 1`, leased for `lease`. Tenant running caps and task type
-/// running limits hold across all runners (run this in READ COMMITTED, the default, for them to
-/// see other claims).
+/// `sweep_claim` in migrations/0009_fair_share.sql for the policy and its cost. `task_types`
+/// empty means any type. Each claimed task is `running` at attempt `attempts + 1`, leased for
+/// `lease`. Tenant running caps and task type running limits hold across all runners (run this
+/// in READ COMMITTED, the default, for them to see other claims).
 pub async fn claim_batch<'c, E: PgExecutor<'c>>(
     executor: E,
     runner: Uuid,
