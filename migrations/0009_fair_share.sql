@@ -166,7 +166,8 @@ $$;
 -- (runner/src/queue/claim.rs): one round trip.
 --
 -- p_task_types: only these types (empty: all). p_starved: the runner's spare slots, one task
--- each for queues with nothing running on any runner. p_ring: where on the ring of queues this
+-- each for queues with nothing running on any runner or whose tenant holds less than its share
+-- (fewer running tasks per unit of weight than the tenants of the window hold on average). p_ring: where on the ring of queues this
 -- claim starts looking (random, drawn by the runner).
 --
 -- The policy, slot by slot: the next slot goes to the tenant holding the fewest running tasks
@@ -295,6 +296,18 @@ begin
         ) s
         limit 2 * p_limit + 16
     ),
+    -- Slots held per unit of weight by the tenants of the window: a tenant below this level
+    -- holds less than its share, and its queues may use the spare slots too (p_starved).
+    level as materialized (
+        select coalesce(sum(t.running) / nullif(sum(t.weight), 0), 0) as per_weight
+        from (
+            select distinct on (s.tenant) s.weight::float8 as weight,
+                   coalesce((r.by_tenant ->> s.tenant)::float8, 0) as running
+            from sample s
+            cross join running r
+            order by s.tenant
+        ) t
+    ),
     -- How many of this claim's slots each queue could take (its running limit, via a try-lock
     -- like the tenant cap's, see sweep_queue_free_slots).
     queue_room as materialized (
@@ -308,7 +321,10 @@ begin
                random() as tie
         from sample s
         cross join running r
-        where not p_starved or not (r.by_queue ? (s.tenant || '/' || s.task_type))
+        where not p_starved
+           or not (r.by_queue ? (s.tenant || '/' || s.task_type))
+           or coalesce((r.by_tenant ->> s.tenant)::float8, 0) / s.weight
+              < (select per_weight from level)
     ),
     caps as materialized (
         select name, sweep_tenant_free_slots(name, max_running) as free

@@ -10,14 +10,14 @@
 //!
 //! Spare slots: while every slot is busy, a lane woken by an enqueue claims in
 //! [`ClaimMode::Starved`] into the spare slots (instances beyond `concurrency`): one task each
-//! for queues with nothing running anywhere. A newly due tenant or task type so starts within
+//! for queues with nothing running anywhere or whose tenant holds less than its share. A newly due tenant or task type so starts within
 //! one wake-up even when long tasks hold every slot; its guest shares the cores with the others
 //! at their epoch yields, and freed slots then go to it by fair share.
 //!
 //! Invariants:
 //! - a slot (semaphore permit) is held from claim until the outcome is queued for reporting,
 //!   so at most `concurrency` + `spare_slots` tasks run at once, the spare ones only for queues
-//!   that had nothing running when claimed;
+//!   that had nothing running, or a tenant below its share, when claimed;
 //! - every task this runner claimed ends in exactly one report: a completion, a failure, or
 //!   (on shutdown past the grace period) a release that hands it back uncounted; no task is
 //!   left `running` after `run` returns, except when the database is unreachable, in which case

@@ -224,7 +224,7 @@ async fn tenant_cap_and_fair_share_hold_together(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn spare_slots_only_let_in_queues_with_nothing_running(pool: PgPool) {
+async fn spare_slots_let_in_idle_queues_and_tenants_below_their_share(pool: PgPool) {
     backlog(&pool, "flood", "spin", 100).await;
     let runner = new_runner();
     assert_eq!(claim(&pool, runner, 4).await.len(), 4);
@@ -242,7 +242,15 @@ async fn spare_slots_only_let_in_queues_with_nothing_running(pool: PgPool) {
         vec![("flood".into(), "other".into()), ("newcomer".into(), "small".into())],
         "one task for each queue that had nothing running"
     );
-    assert!(starved(4).await.unwrap().is_empty());
+    // flood holds 5, newcomer 1 (the window's level is 3 per unit of weight): only newcomer
+    // is below its share, and it gets one more.
+    let again = starved(4).await.unwrap();
+    assert_eq!(again.iter().map(|c| c.tenant.as_str()).collect::<Vec<_>>(), vec!["newcomer"]);
+    sqlx::query("delete from tasks where tenant = 'newcomer' and state <> 'running'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(starved(4).await.unwrap().is_empty(), "nothing of newcomer left; flood is above");
 }
 
 #[sqlx::test(migrator = "sweep::queue::MIGRATOR")]

@@ -23,7 +23,8 @@ pub enum ClaimMode {
     /// The runner's ordinary slots, shared fairly among every queue with due work.
     Fair,
     /// The runner's spare instances: one task each for queues (tenant, task type) that have
-    /// nothing running on any runner, so newly due work gets in while every slot is busy.
+    /// nothing running on any runner or whose tenant holds less than its share, so newly due
+    /// work gets in while every slot is busy.
     Starved,
 }
 
