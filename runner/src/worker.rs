@@ -219,7 +219,7 @@ impl Worker {
         let mut claimed_total = 0;
         let mut stop = lane.stop.clone();
         loop {
-            let next = tokio::select! {
+            let (first, mode) = tokio::select! {
                 biased;
                 _ = stop.changed() => break,
                 permit = Arc::clone(&lane.slots).acquire_owned() => match permit {
@@ -231,19 +231,19 @@ impl Worker {
                     None => break,
                 },
             };
-            let (first, mode) = next;
-            if mode == ClaimMode::Starved {
-                claimed_total += self.claim_into(&lane, first, mode).await;
-                continue;
-            }
-            let claimed = self.claim_into(&lane, first, ClaimMode::Fair).await;
-            claimed_total += claimed;
-            if claimed == 0 {
-                tokio::select! {
-                    biased;
-                    _ = stop.changed() => break,
-                    _ = lane.wakeups.wait(self.config.poll_interval) => {}
+            match self.claim_into(&lane, first, mode).await {
+                Claimed::Tasks(n) => {
+                    claimed_total += n;
+                    if n == 0 && mode == ClaimMode::Fair {
+                        tokio::select! {
+                            biased;
+                            _ = stop.changed() => break,
+                            _ = lane.wakeups.wait(self.config.poll_interval) => {}
+                        }
+                    }
                 }
+                // It already waited out the poll interval.
+                Claimed::Failed => {}
             }
         }
         claimed_total
@@ -251,8 +251,12 @@ impl Worker {
 
     /// Tops `first` up with as many free permits of the same kind as a batch allows, claims
     /// that many tasks in `mode` and spawns them; unused permits go back when dropped.
-    /// Returns how many tasks it claimed.
-    async fn claim_into(&self, lane: &Lane, first: OwnedSemaphorePermit, mode: ClaimMode) -> u64 {
+    async fn claim_into(
+        &self,
+        lane: &Lane,
+        first: OwnedSemaphorePermit,
+        mode: ClaimMode,
+    ) -> Claimed {
         let semaphore = match mode {
             ClaimMode::Fair => &lane.slots,
             ClaimMode::Starved => &lane.spare,
@@ -285,8 +289,7 @@ impl Worker {
                     _ = stop.changed() => {},
                     () = tokio::time::sleep(self.config.poll_interval) => {},
                 }
-                // Not zero: the caller must not also wait for a wake-up.
-                return 1;
+                return Claimed::Failed;
             }
         };
         let count = claimed.len() as u64;
@@ -300,7 +303,7 @@ impl Worker {
             let Some(permit) = slots_for_tasks.pop() else { break };
             self.spawn_task(task, permit, &lane.reports, &lane.in_flight);
         }
-        count
+        Claimed::Tasks(count)
     }
 
     fn spawn_task(
@@ -396,6 +399,14 @@ async fn spare_wakeup(lane: &Lane, poll: std::time::Duration) -> Option<OwnedSem
             return Some(permit);
         }
     }
+}
+
+/// What one claim of a lane came to.
+enum Claimed {
+    /// This many tasks were claimed and spawned (0: nothing was due).
+    Tasks(u64),
+    /// The claim statement failed; the lane has already waited out the poll interval.
+    Failed,
 }
 
 /// Counts a fair claim as in flight until dropped (after its tasks were spawned, or on error).

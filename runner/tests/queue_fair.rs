@@ -29,13 +29,11 @@ async fn tenant_with_weight(pool: &PgPool, name: &str, weight: i32) {
 
 /// Tasks running right now, per tenant (every runner).
 async fn running_by_tenant(pool: &PgPool) -> HashMap<String, i64> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "select tenant, count(*) from tasks where state = 'running' group by tenant",
-    )
-    .fetch_all(pool)
-    .await
-    .expect("count running");
-    rows.into_iter().collect()
+    queue::bench_support::running_by_tenant(pool)
+        .await
+        .expect("count running")
+        .into_iter()
+        .collect()
 }
 
 async fn running_by_type(pool: &PgPool) -> HashMap<String, i64> {
@@ -71,8 +69,11 @@ async fn two_backlogged_tenants_get_two_of_four_slots_each(pool: PgPool) {
 #[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
 async fn a_tenant_alone_takes_every_slot(pool: PgPool) {
     backlog(&pool, "a", "work", 50).await;
-    // Another tenant with nothing due takes nothing away.
-    backlog(&pool, "b", "work", 0).await;
+    // Another tenant with nothing due yet takes nothing away.
+    let tomorrow = chrono::Utc::now() + chrono::Duration::days(1);
+    queue::enqueue(&pool, NewTask::new("work", json!({})).tenant("b").run_at(tomorrow))
+        .await
+        .expect("enqueue");
     assert_eq!(claim(&pool, new_runner(), 8).await.len(), 8);
     assert_eq!(count(&running_by_tenant(&pool).await, "a"), 8);
 }

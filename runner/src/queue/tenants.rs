@@ -167,18 +167,14 @@ pub const MAX_WEIGHT: i32 = 10_000;
 
 /// Sets tenant `name`'s fair-share weight (1 to [`MAX_WEIGHT`]). Applies from the next claim;
 /// tasks already running keep their slots.
-pub async fn set_tenant_weight<'c, A>(
-    conn: A,
+pub async fn set_tenant_weight<'c, E: PgExecutor<'c>>(
+    executor: E,
     name: &str,
     weight: i32,
-) -> Result<Tenant, TenantError>
-where
-    A: sqlx::Acquire<'c, Database = sqlx::Postgres>,
-{
+) -> Result<Tenant, TenantError> {
     if !(1..=MAX_WEIGHT).contains(&weight) {
         return Err(TenantError::BadWeight { weight, max: MAX_WEIGHT });
     }
-    let mut conn = conn.acquire().await?;
     // The claim reads each queue's copy of the weight (one table, no join).
     let row: Option<Tenant> = sqlx::query_as(
         r#"
@@ -195,7 +191,7 @@ where
     )
     .bind(name)
     .bind(weight)
-    .fetch_optional(&mut *conn)
+    .fetch_optional(executor)
     .await?;
     row.ok_or_else(|| TenantError::NotFound(name.to_owned()))
 }
