@@ -1,9 +1,11 @@
-//! Run with `cargo run -p sweep --example enqueue` (DATABASE_URL names the database; it is
-//! created and migrated if missing).
+//! Run with `cargo run -p sweep --example enqueue` (DATABASE_URL names a database that
+//! `sweep migrate` has set up; Sweep's tables live in its `sweep` schema, beside the
+//! application's own).
 //!
 //! Enqueues work from a host program through the library, inside the caller's own
 //! transaction, the way an application enqueues jobs next to its own writes: the tasks exist
-//! only if the transaction commits.
+//! only if the transaction commits. The application's own pool is all it needs: every queue
+//! function takes an executor, and no Sweep setting touches the application's connections.
 
 use serde_json::json;
 use sweep::queue::{self, NewTask};
@@ -12,7 +14,7 @@ use sweep::queue::{self, NewTask};
 async fn main() -> anyhow::Result<()> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/sweep".to_owned());
-    let pool = queue::connect(&url, 2).await?;
+    let pool = sqlx::PgPool::connect(&url).await?;
 
     let mut tx = pool.begin().await?;
     // ... the application's own writes go here, in `tx` ...

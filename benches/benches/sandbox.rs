@@ -30,14 +30,13 @@ use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
 use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
 
 /// A `_start` that returns at once: instantiate + call with nothing inside.
-const BARE: &str = r#"(module (memory (export "memory") 1) (func (export "_start")))"#;
 
 const ALLOCATORS: [(&str, bool); 2] = [("pooled", true), ("on_demand", false)];
 
 fn sandbox(c: &mut Criterion) {
     let rt = runtime();
     let noop = noop_wasm();
-    let bare = wat::parse_str(BARE).expect("bare module");
+    let bare = sweep_dev::modules::empty_module();
     let input = TaskInput::new("1", "noop", 1, 5, &json!({ "i": 1 }));
     let limits = Limits::DEFAULT;
 

@@ -1,18 +1,19 @@
 //! Shared fixtures for the criterion benches in `benches/benches/` (claim, enqueue, sandbox).
 //!
 //! Owns: where the bench database lives (`sweep_bench` on the server `DATABASE_URL` names,
-//! created and migrated through [`sweep::queue::connect`]), resetting and filling its task
-//! table between measurements, and locating the no-op guest module.
+//! created and migrated by [`sweep::queue::migrate`], opened as the runner's store), resetting
+//! and filling its task table between measurements, and locating the no-op guest module.
 //!
 //! Fixture plumbing (truncate, vacuum, insert finished history) goes through
-//! `sweep::queue::bench_support` and never runs inside a timed region; everything timed goes
-//! through the public `sweep::queue` functions.
+//! `sweep_dev::fixtures` and never runs inside a timed region; everything timed goes through
+//! the public `sweep::queue` functions.
 
 use std::path::PathBuf;
 
 use serde_json::json;
 use sqlx::PgPool;
-use sweep::queue::{self, bench_support, NewTask};
+use sweep::queue::{self, NewTask, Role, Store};
+use sweep_dev::fixtures as bench_support;
 
 /// Server used when `DATABASE_URL` is unset (the same default as `scripts/test.sh`).
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -57,12 +58,18 @@ pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
 }
 
-/// Connects to the bench database (creating and migrating it) with `max_connections`.
+/// Opens the bench database (creating and migrating it first) as a runner would, with
+/// `max_connections`.
 pub async fn bench_pool(max_connections: u32) -> PgPool {
     let url = database_url(BENCH_DATABASE);
-    queue::connect(&url, max_connections)
+    queue::migrate(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot migrate the bench database at {url}: {e}"));
+    Store::open(&url, Role::Runner, max_connections)
         .await
         .unwrap_or_else(|e| panic!("cannot open the bench database at {url}: {e}"))
+        .pool()
+        .clone()
 }
 
 /// Reads a positive integer from the environment, else `default`.
@@ -117,12 +124,9 @@ pub async fn count_finished(pool: &PgPool, task_type: &str) -> i64 {
 
 /// The no-op guest module built by `scripts/build-modules.sh` (override: `SWEEP_NOOP_WASM`).
 pub fn noop_wasm() -> Vec<u8> {
-    let path = std::env::var_os("SWEEP_NOOP_WASM").map(PathBuf::from).unwrap_or_else(|| {
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-        target.join("wasm32-wasip1/wasm/noop.wasm")
-    });
+    let path = std::env::var_os("SWEEP_NOOP_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| sweep_dev::modules::modules_dir().join("noop.wasm"));
     std::fs::read(&path).unwrap_or_else(|e| {
         panic!("cannot read {} ({e}); run scripts/build-modules.sh noop first", path.display())
     })

@@ -4,9 +4,10 @@
 //! - [`sandbox`]: the wasmtime engine, module cache, per-task limits and outcome classification.
 //! - [`worker`]: the runner loop (claim -> run -> report), heartbeats, maintenance, shutdown.
 //! - [`admin`]: the HTTP admin API (warp): modules, tasks, tenants, stats, metrics.
-//! - [`config`]: runner settings with defaults and cross-checks.
+//! - [`config`]: runner settings with defaults and cross-checks; [`args`]: their flags.
 
 pub mod admin;
+pub mod args;
 pub mod config;
 pub mod metrics;
 pub mod queue;

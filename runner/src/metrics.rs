@@ -21,7 +21,7 @@ use std::time::Duration;
 use metrics::Unit;
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::queue::TypeStats;
+use crate::queue::{TaskState, TypeStats};
 
 /// Counter: tasks claimed by this runner.
 pub const TASKS_CLAIMED: &str = "sweep_tasks_claimed_total";
@@ -147,8 +147,7 @@ pub fn set_queue_gauges(stats: &[TypeStats], runners: usize) {
 fn set_type(tenant: &str, task_type: &str, s: Option<&TypeStats>) {
     let counts =
         s.map_or([0; 6], |s| [s.pending, s.running, s.retrying, s.succeeded, s.cancelled, s.dead]);
-    let states = ["pending", "running", "retrying", "succeeded", "cancelled", "dead"];
-    for (state, count) in states.into_iter().zip(counts) {
+    for (state, count) in TaskState::ALL.into_iter().map(TaskState::as_str).zip(counts) {
         metrics::gauge!(TASKS, LABEL_TENANT => tenant.to_owned(),
             LABEL_TASK_TYPE => task_type.to_owned(), LABEL_STATE => state)
         .set(count as f64);

@@ -46,7 +46,7 @@ use uuid::Uuid;
 
 use crate::{
     config::WorkerConfig,
-    queue::{self, ClaimMode, ClaimedTask, QueueError, TaskId, Wakeups},
+    queue::{self, ClaimMode, ClaimedTask, QueueError, Role, Store, TaskId, Wakeups},
     sandbox::{ModuleCache, Sandbox, SandboxError},
 };
 
@@ -64,6 +64,8 @@ pub enum WorkerError {
     Queue(#[from] QueueError),
     #[error("starting the guest runtime: {0}")]
     GuestRuntime(#[from] std::io::Error),
+    #[error("a runner needs a store opened for the runner role, got {0:?}")]
+    WrongRole(Role),
 }
 
 /// What a runner did over its life.
@@ -103,19 +105,24 @@ struct Lane {
 }
 
 impl Worker {
-    pub fn new(pool: PgPool, config: WorkerConfig) -> Result<Self, WorkerError> {
+    /// A runner working through `store`, which must be opened for [`Role::Runner`].
+    pub fn new(store: &Store, config: WorkerConfig) -> Result<Self, WorkerError> {
         config.validate()?;
         let sandbox = Sandbox::new(config.sandbox.clone())?;
-        Self::with_sandbox(pool, sandbox, config)
+        Self::with_sandbox(store, sandbox, config)
     }
 
     /// A worker sharing an existing sandbox (the admin API validates uploads with the same
     /// engine).
     pub fn with_sandbox(
-        pool: PgPool,
+        store: &Store,
         sandbox: Sandbox,
         config: WorkerConfig,
     ) -> Result<Self, WorkerError> {
+        if store.role() != Role::Runner {
+            return Err(WorkerError::WrongRole(store.role()));
+        }
+        let pool = store.pool().clone();
         let modules = ModuleCache::new(sandbox.clone());
         let guests = Guests::start_default()?;
         Ok(Worker { id: Uuid::new_v4(), pool, sandbox, guests, modules, config: Arc::new(config) })

@@ -7,15 +7,16 @@ mod admin_support;
 
 use admin_support::*;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::admin::AdminConfig;
 use sweep::queue::TenantCaps;
 
 const OP: Option<&str> = Some(OPERATOR);
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn every_v1_route_needs_a_valid_token(pool: PgPool) {
-    let api = api(&pool);
+#[sqlx::test(migrations = false)]
+async fn every_v1_route_needs_a_valid_token(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let api = api(&db);
     let routes = [
         ("GET", "/v1/modules"),
         ("GET", "/v1/modules/t"),
@@ -50,30 +51,43 @@ async fn every_v1_route_needs_a_valid_token(pool: PgPool) {
         .expect(401, "unauthorized");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn without_an_operator_token_only_tenants_get_in(pool: PgPool) {
-    let api = Api { state: state(&pool, AdminConfig::default()), pool: pool.clone() };
+#[sqlx::test(migrations = false)]
+async fn without_an_operator_token_only_tenants_get_in(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let api = Api { state: state(&db, AdminConfig::default()), pool: pool.clone() };
     api.get("/v1/stats", OP).await.expect(401, "unauthorized");
     let token = api.tenant("acme", TenantCaps::default()).await;
     api.get("/v1/stats", Some(&token)).await.ok(200);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn health_and_readiness_need_no_token(pool: PgPool) {
-    let api = api(&pool);
+#[sqlx::test(migrations = false)]
+async fn health_and_readiness_need_no_token(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let api = api(&db);
     assert_eq!(api.get("/healthz", None).await.ok(200)["status"], "ok");
     assert_eq!(api.get("/readyz", None).await.ok(200)["status"], "ready");
     // A database the API cannot reach: not ready, and no 500.
-    sqlx::query("delete from _sqlx_migrations where version = 3").execute(&pool).await.unwrap();
-    api.get("/readyz", None).await.expect(503, "unavailable");
-    pool.close().await;
+    sqlx::query("delete from sweep._sqlx_migrations where version = 3")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let behind = api.get("/readyz", None).await;
+    behind.expect(503, "unavailable");
+    assert!(behind.message().contains("sweep migrate"), "{}", behind.text);
+    db.admin.close().await;
     api.get("/readyz", None).await.expect(503, "unavailable");
     assert_eq!(api.get("/healthz", None).await.ok(200)["status"], "ok");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn tenants_route_shows_all_to_the_operator_and_itself_to_a_tenant(pool: PgPool) {
-    let api = api(&pool);
+#[sqlx::test(migrations = false)]
+async fn tenants_route_shows_all_to_the_operator_and_itself_to_a_tenant(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let api = api(&db);
     let caps = TenantCaps { max_running: Some(4), max_fuel: Some(10), ..TenantCaps::default() };
     let acme = api.tenant("acme", caps).await;
     api.tenant("globex", TenantCaps::default()).await;
@@ -91,9 +105,11 @@ async fn tenants_route_shows_all_to_the_operator_and_itself_to_a_tenant(pool: Pg
     assert!(mine[0].get("token_sha256").is_none(), "the token hash is never shown");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn stats_count_by_state_and_show_runners(pool: PgPool) {
-    let api = api(&pool);
+#[sqlx::test(migrations = false)]
+async fn stats_count_by_state_and_show_runners(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let api = api(&db);
     api.put_wasm("/v1/modules/count", OP, &module("wordcount")).await.ok(201);
     for _ in 0..3 {
         api.enqueue(OPERATOR, "count", json!({"text": "x"})).await;
@@ -126,9 +142,10 @@ async fn stats_count_by_state_and_show_runners(pool: PgPool) {
     assert_eq!(filtered.ok(200)["types"], json!([]));
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn metrics_are_prometheus_text_for_the_operator_only(pool: PgPool) {
-    let api = api(&pool);
+#[sqlx::test(migrations = false)]
+async fn metrics_are_prometheus_text_for_the_operator_only(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let api = api(&db);
     api.put_wasm("/v1/modules/count", OP, &module("wordcount")).await.ok(201);
     api.enqueue(OPERATOR, "count", json!({"text": "x"})).await;
     metrics::counter!(sweep::metrics::TASKS_CLAIMED).increment(1);

@@ -10,18 +10,17 @@ use std::time::Duration;
 
 use admin_support::*;
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::admin::{self, AdminConfig};
 use sweep::config::WorkerConfig;
-use sweep::queue::{RetryPolicy, TenantCaps};
+use sweep::queue::TenantCaps;
 use sweep::sandbox::SandboxConfig;
-use sweep::worker::Worker;
 use tokio::sync::oneshot;
 
 /// The API on an ephemeral port; dropping the sender stops it.
-async fn serve(pool: &PgPool) -> (String, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+async fn serve(db: &Stores) -> (String, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
     let config = AdminConfig { operator_token: Some(OPERATOR.into()), ..AdminConfig::default() };
-    let state = admin::AdminState::new(pool.clone(), sandbox(), config).expect("state");
+    let state = admin::AdminState::new(&db.admin, sandbox(), config).expect("state");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let (stop, stopped) = oneshot::channel::<()>();
@@ -34,33 +33,13 @@ async fn serve(pool: &PgPool) -> (String, oneshot::Sender<()>, tokio::task::Join
     (url, stop, server)
 }
 
+/// Test settings with no spare slots and no instance pool.
 fn worker_config() -> WorkerConfig {
     WorkerConfig {
-        concurrency: 4,
         spare_slots: 0,
-        poll_interval: Duration::from_millis(50),
-        retry: RetryPolicy {
-            base: Duration::from_millis(1),
-            cap: Duration::from_millis(5),
-            jitter: 0.0,
-        },
-        sandbox: SandboxConfig { max_concurrency: 4, pooling: false, ..SandboxConfig::default() },
-        ..WorkerConfig::default()
+        sandbox: SandboxConfig { max_concurrency: 4, pooling: false, ..test_config().sandbox },
+        ..test_config()
     }
-}
-
-fn start_worker(pool: &PgPool) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let worker = Worker::new(pool.clone(), worker_config()).expect("worker");
-    let (stop, stopped) = oneshot::channel::<()>();
-    let handle = tokio::spawn(async move {
-        worker
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("worker run");
-    });
-    (stop, handle)
 }
 
 async fn json_of(response: reqwest::Response) -> (u16, Value) {
@@ -68,9 +47,14 @@ async fn json_of(response: reqwest::Response) -> (u16, Value) {
     (status, response.json().await.expect("json body"))
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_module_uploaded_over_http_runs_and_its_result_is_served(pool: PgPool) {
-    let (url, stop_api, api_task) = serve(&pool).await;
+#[sqlx::test(migrations = false)]
+async fn a_module_uploaded_over_http_runs_and_its_result_is_served(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let (url, stop_api, api_task) = serve(&db).await;
     let (_, token) =
         admin::create_tenant(&pool, "acme", &TenantCaps::default()).await.expect("tenant");
     let http = reqwest::Client::new();
@@ -99,19 +83,21 @@ async fn a_module_uploaded_over_http_runs_and_its_result_is_served(pool: PgPool)
     assert_eq!(status, 201, "{enqueued}");
     let id = enqueued["id"].as_i64().expect("id");
 
-    let (stop_worker, worker) = start_worker(&pool);
+    let worker = start_worker(&db, worker_config());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let task = loop {
         let shown = http.get(format!("{url}/v1/tasks/{id}")).bearer_auth(&token).send().await;
         let (status, task) = json_of(shown.expect("show")).await;
         assert_eq!(status, 200, "{task}");
-        if task["state"] == "succeeded" || task["state"] == "dead" {
+        if task["state"] == TaskState::Succeeded.as_str()
+            || task["state"] == TaskState::Dead.as_str()
+        {
             break task;
         }
         assert!(tokio::time::Instant::now() < deadline, "task never finished: {task}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(task["state"], "succeeded", "{task}");
+    assert_eq!(task["state"], TaskState::Succeeded.as_str(), "{task}");
     assert_eq!(
         task["result"],
         json!({"words": 6, "lines": 1, "chars": 18, "top": [["be", 2], ["to", 2]]})
@@ -124,15 +110,16 @@ async fn a_module_uploaded_over_http_runs_and_its_result_is_served(pool: PgPool)
     assert_eq!(stats["types"][0]["succeeded"], 1);
     assert_eq!(stats["runners"].as_array().map(Vec::len), Some(1));
 
-    let _ = stop_worker.send(());
-    worker.await.expect("worker stopped");
+    worker.stop().await;
     let _ = stop_api.send(());
     api_task.await.expect("api stopped");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn two_runners_keep_a_tenant_under_its_running_cap(pool: PgPool) {
-    let api = api(&pool);
+#[sqlx::test(migrations = false)]
+async fn two_runners_keep_a_tenant_under_its_running_cap(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let api = api(&db);
     let caps = TenantCaps { max_running: Some(2), ..TenantCaps::default() };
     let capped = api.tenant("capped", caps).await;
     // Each task holds its slot for 300 ms, then times out and dies (one attempt).
@@ -145,16 +132,18 @@ async fn two_runners_keep_a_tenant_under_its_running_cap(pool: PgPool) {
     let quick = serde_json::Value::Array(vec![json!({"task_type": "quick"}); 6]);
     api.post("/v1/tasks/batch", Some(OPERATOR), &quick).await.ok(201);
 
-    let runners = [start_worker(&pool), start_worker(&pool)];
+    let runners = [start_worker(&db, worker_config()), start_worker(&db, worker_config())];
     let mut most = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let (running, dead, quick_done): (i64, i64, i64) = sqlx::query_as(
-            "select (select count(*) from tasks where tenant = 'capped' and state = 'running'),
-                    (select count(*) from dead_tasks where tenant = 'capped'),
-                    (select count(*) from finished_tasks
-                     where tenant = 'default' and state = 'succeeded')",
+            "select (select count(*) from sweep.tasks where tenant = 'capped' and state = $1),
+                    (select count(*) from sweep.dead_tasks where tenant = 'capped'),
+                    (select count(*) from sweep.finished_tasks
+                     where tenant = 'default' and state = $2)",
         )
+        .bind(TaskState::Running.as_str())
+        .bind(TaskState::Succeeded.as_str())
         .fetch_one(&pool)
         .await
         .expect("sample");
@@ -167,8 +156,7 @@ async fn two_runners_keep_a_tenant_under_its_running_cap(pool: PgPool) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(most >= 1, "the capped tenant's tasks did run");
-    for (stop, handle) in runners {
-        let _ = stop.send(());
-        handle.await.expect("worker stopped");
+    for runner in runners {
+        runner.stop().await;
     }
 }

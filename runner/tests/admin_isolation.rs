@@ -7,7 +7,7 @@ mod admin_support;
 
 use admin_support::*;
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::queue::TenantCaps;
 
 const OP: Option<&str> = Some(OPERATOR);
@@ -21,8 +21,8 @@ struct World {
     globex_task: i64,
 }
 
-async fn world(pool: &PgPool) -> World {
-    let api = api(pool);
+async fn world(db: &Stores) -> World {
+    let api = api(db);
     let acme = api.tenant("acme", TenantCaps::default()).await;
     let globex = api.tenant("globex", TenantCaps::default()).await;
     api.upload(&acme, "count", "wordcount").await;
@@ -30,7 +30,7 @@ async fn world(pool: &PgPool) -> World {
     api.upload(&globex, "count", "noop").await;
     let acme_task = api.enqueue(&acme, "count", json!({"text": "a"})).await;
     let globex_task = api.enqueue(&globex, "count", json!({})).await;
-    let acme_dead = make_dead(pool, "acme", "count").await;
+    let acme_dead = make_dead(&db.pool(), "acme", "count").await;
     World { api, acme, globex, acme_task, acme_dead, globex_task }
 }
 
@@ -41,9 +41,10 @@ fn tenants_of(list: &Value, key: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn another_tenants_rows_answer_as_if_absent(pool: PgPool) {
-    let w = world(&pool).await;
+#[sqlx::test(migrations = false)]
+async fn another_tenants_rows_answer_as_if_absent(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let w = world(&db).await;
     let (api, g) = (&w.api, Some(w.globex.as_str()));
 
     // Same status and code as ids/types that exist nowhere.
@@ -103,14 +104,15 @@ async fn another_tenants_rows_answer_as_if_absent(pool: PgPool) {
 
     // Nothing of acme's changed.
     let t = api.get(&format!("/v1/tasks/{}", w.acme_task), Some(&w.acme)).await;
-    assert_eq!(t.ok(200)["state"], "pending");
+    assert_eq!(t.ok(200)["state"], TaskState::Pending.as_str());
     let d = api.get("/v1/dead", Some(&w.acme)).await;
     assert_eq!(d.ok(200)["tasks"][0]["id"], w.acme_dead);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn same_task_type_names_are_separate_per_tenant(pool: PgPool) {
-    let w = world(&pool).await;
+#[sqlx::test(migrations = false)]
+async fn same_task_type_names_are_separate_per_tenant(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let w = world(&db).await;
     let api = &w.api;
     // globex's second upload of "count" is its version 2, whatever acme did.
     let v = api.put_wasm("/v1/modules/count", Some(&w.globex), &tiny_command()).await;
@@ -125,9 +127,10 @@ async fn same_task_type_names_are_separate_per_tenant(pool: PgPool) {
     assert_ne!(a.ok(201)["id"], b.ok(201)["id"]);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn the_operator_sees_everyone_and_names_tenants(pool: PgPool) {
-    let w = world(&pool).await;
+#[sqlx::test(migrations = false)]
+async fn the_operator_sees_everyone_and_names_tenants(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let w = world(&db).await;
     let api = &w.api;
     api.get(&format!("/v1/tasks/{}", w.acme_task), OP).await.ok(200);
     api.get(&format!("/v1/tasks/{}", w.globex_task), OP).await.ok(200);

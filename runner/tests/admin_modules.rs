@@ -7,15 +7,19 @@ mod admin_support;
 
 use admin_support::*;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::admin::AdminConfig;
 use sweep::queue::TenantCaps;
 
 const OP: Option<&str> = Some(OPERATOR);
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn upload_answers_201_with_version_hash_size_and_limits(pool: PgPool) {
-    let api = api(&pool);
+#[sqlx::test(migrations = false)]
+async fn upload_answers_201_with_version_hash_size_and_limits(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let api = api(&db);
     let bytes = module("wordcount");
     let a = api.put_wasm("/v1/modules/wordcount", OP, &bytes).await;
     let body = a.ok(201);
@@ -50,9 +54,10 @@ async fn upload_answers_201_with_version_hash_size_and_limits(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn list_versions_and_activate_to_roll_back(pool: PgPool) {
-    let api = api(&pool);
+#[sqlx::test(migrations = false)]
+async fn list_versions_and_activate_to_roll_back(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let api = api(&db);
     api.put_wasm("/v1/modules/count", OP, &module("wordcount")).await.ok(201);
     api.put_wasm("/v1/modules/count", OP, &module("noop")).await.ok(201);
     api.put_wasm("/v1/modules/other", OP, &module("noop")).await.ok(201);
@@ -94,9 +99,13 @@ async fn list_versions_and_activate_to_roll_back(pool: PgPool) {
     api.get("/v1/modules/bad%20type", OP).await.expect(400, "invalid_task_type");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn modules_that_break_the_guest_contract_are_422_and_say_why(pool: PgPool) {
-    let api = api(&pool);
+#[sqlx::test(migrations = false)]
+async fn modules_that_break_the_guest_contract_are_422_and_say_why(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let api = api(&db);
     let put = |bytes: Vec<u8>| {
         let api = &api;
         async move { api.put_wasm("/v1/modules/bad", OP, &bytes).await }
@@ -129,10 +138,10 @@ async fn modules_that_break_the_guest_contract_are_422_and_say_why(pool: PgPool)
     put(tiny_command()).await.ok(201);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn size_content_type_and_parameters_are_checked(pool: PgPool) {
-    let api =
-        api_with(&pool, AdminConfig { max_module_bytes: 64 * 1024, ..AdminConfig::default() });
+#[sqlx::test(migrations = false)]
+async fn size_content_type_and_parameters_are_checked(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let api = api_with(&db, AdminConfig { max_module_bytes: 64 * 1024, ..AdminConfig::default() });
     // Over the server limit: 413, whether the length is declared or not.
     let big = vec![0u8; 64 * 1024 + 1];
     api.put_wasm("/v1/modules/big", OP, &big).await.expect(413, "too_large");
@@ -168,9 +177,10 @@ async fn size_content_type_and_parameters_are_checked(pool: PgPool) {
         .expect(400, "invalid_task_type");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn limits_above_runner_maxima_or_tenant_caps_are_422(pool: PgPool) {
-    let api = api(&pool);
+#[sqlx::test(migrations = false)]
+async fn limits_above_runner_maxima_or_tenant_caps_are_422(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let api = api(&db);
     let caps = TenantCaps {
         max_fuel: Some(1_000_000),
         max_timeout_ms: Some(1000),

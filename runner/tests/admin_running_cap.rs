@@ -12,8 +12,12 @@ use std::sync::{
 use std::time::Duration;
 
 use serde_json::json;
-use sqlx::PgPool;
-use sweep::queue::{self, Completion, NewTask, TenantCaps};
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool,
+};
+use sweep::queue::{self, Completion, NewTask, TaskState, TenantCaps};
+use sweep_dev::migrated;
 use uuid::Uuid;
 
 const LEASE: Duration = Duration::from_secs(60);
@@ -32,8 +36,9 @@ async fn enqueue(pool: &PgPool, tenant: &str, n: usize, priority: i32) {
 }
 
 async fn running(pool: &PgPool, tenant: &str) -> i64 {
-    sqlx::query_scalar("select count(*) from tasks where state = 'running' and tenant = $1")
+    sqlx::query_scalar("select count(*) from sweep.tasks where state = $2 and tenant = $1")
         .bind(tenant)
+        .bind(TaskState::Running.as_str())
         .fetch_one(pool)
         .await
         .expect("count running")
@@ -54,8 +59,10 @@ async fn complete(pool: &PgPool, runner: Uuid, tasks: &[queue::ClaimedTask]) {
     assert!(lost.is_empty());
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn two_runners_together_never_exceed_the_cap(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn two_runners_together_never_exceed_the_cap(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     const CAP: i64 = 3;
     capped_tenant(&pool, "capped", CAP as i32).await;
     enqueue(&pool, "capped", 120, 0).await;
@@ -107,8 +114,10 @@ async fn two_runners_together_never_exceed_the_cap(pool: PgPool) {
     assert!(high_water.load(Ordering::SeqCst) >= 2, "the runners did run tasks side by side");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_claim_in_flight_is_counted_by_the_other_runner(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn a_claim_in_flight_is_counted_by_the_other_runner(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     // Runner A's claim has not committed yet when runner B claims: B must not count A's
     // tasks as free slots (its snapshot cannot see them), so B skips the tenant.
     capped_tenant(&pool, "capped", 3).await;
@@ -129,8 +138,10 @@ async fn a_claim_in_flight_is_counted_by_the_other_runner(pool: PgPool) {
     assert_eq!(running(&pool, "capped").await, 3);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_capped_tenants_flood_leaves_room_for_others(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn a_capped_tenants_flood_leaves_room_for_others(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     capped_tenant(&pool, "flood", 2).await;
     // The flood is first in line (higher priority) and far larger than a batch.
     enqueue(&pool, "flood", 500, 10).await;
@@ -154,8 +165,13 @@ async fn a_capped_tenants_flood_leaves_room_for_others(pool: PgPool) {
     assert_eq!(running(&pool, "flood").await, 2);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_zero_cap_holds_the_tenants_tasks_and_raising_it_releases_them(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn a_zero_cap_holds_the_tenants_tasks_and_raising_it_releases_them(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     capped_tenant(&pool, "paused", 0).await;
     enqueue(&pool, "paused", 5, 0).await;
     let runner = Uuid::new_v4();
@@ -170,8 +186,10 @@ async fn a_zero_cap_holds_the_tenants_tasks_and_raising_it_releases_them(pool: P
     assert_eq!(queue::claim_batch(&pool, runner, 10, &[], LEASE).await.expect("claim").len(), 1);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn caps_of_one_tenant_do_not_limit_another(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn caps_of_one_tenant_do_not_limit_another(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     capped_tenant(&pool, "small", 1).await;
     capped_tenant(&pool, "large", 30).await;
     enqueue(&pool, "small", 10, 0).await;

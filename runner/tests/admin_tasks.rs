@@ -7,20 +7,21 @@ mod admin_support;
 
 use admin_support::*;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::admin::AdminConfig;
 
 const OP: Option<&str> = Some(OPERATOR);
 
-async fn with_module(pool: &PgPool) -> Api {
-    let api = api(pool);
+async fn with_module(db: &Stores) -> Api {
+    let api = api(db);
     api.put_wasm("/v1/modules/count", OP, &module("wordcount")).await.ok(201);
     api
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn enqueue_show_and_dedup(pool: PgPool) {
-    let api = with_module(&pool).await;
+#[sqlx::test(migrations = false)]
+async fn enqueue_show_and_dedup(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let api = with_module(&db).await;
     let body = json!({"task_type": "count", "payload": {"text": "a b"}, "priority": 3,
                       "delay_ms": 60000, "max_attempts": 2, "dedup_key": "k1"});
     let first = api.post("/v1/tasks", OP, &body).await;
@@ -33,7 +34,7 @@ async fn enqueue_show_and_dedup(pool: PgPool) {
 
     let shown = api.get(&format!("/v1/tasks/{id}"), OP).await;
     let t = shown.ok(200);
-    assert_eq!(t["state"], "pending");
+    assert_eq!(t["state"], TaskState::Pending.as_str());
     assert_eq!(t["tenant"], "default");
     assert_eq!(t["task_type"], "count");
     assert_eq!(t["payload"], json!({"text": "a b"}));
@@ -54,9 +55,11 @@ async fn enqueue_show_and_dedup(pool: PgPool) {
     api.get("/v1/tasks/not-a-number", OP).await.expect(404, "not_found");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn bad_task_bodies_are_4xx_never_500(pool: PgPool) {
-    let api = with_module(&pool).await;
+#[sqlx::test(migrations = false)]
+async fn bad_task_bodies_are_4xx_never_500(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let api = with_module(&db).await;
     let raw = |content_type: &str, body: &str| {
         api.req("POST", "/v1/tasks", OP).body(content_type, body.as_bytes())
     };
@@ -105,13 +108,14 @@ async fn bad_task_bodies_are_4xx_never_500(pool: PgPool) {
         .expect(400, "unknown_parameter");
 
     let stored: i64 =
-        sqlx::query_scalar("select count(*) from tasks").fetch_one(&pool).await.unwrap();
+        sqlx::query_scalar("select count(*) from sweep.tasks").fetch_one(&pool).await.unwrap();
     assert_eq!(stored, 0, "no bad request wrote anything");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn request_bodies_are_size_limited(pool: PgPool) {
-    let api = api_with(&pool, AdminConfig { max_json_bytes: 1024, ..AdminConfig::default() });
+#[sqlx::test(migrations = false)]
+async fn request_bodies_are_size_limited(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let api = api_with(&db, AdminConfig { max_json_bytes: 1024, ..AdminConfig::default() });
     api.put_wasm("/v1/modules/count", OP, &module("wordcount")).await.ok(201);
     let big = json!({"task_type": "count", "payload": {"text": "x".repeat(2000)}});
     api.post("/v1/tasks", OP, &big).await.expect(413, "too_large");
@@ -119,9 +123,11 @@ async fn request_bodies_are_size_limited(pool: PgPool) {
     api.post("/v1/tasks", OP, &small).await.ok(201);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn batches_are_all_or_nothing(pool: PgPool) {
-    let api = api_with(&pool, AdminConfig { max_batch: 3, ..AdminConfig::default() });
+#[sqlx::test(migrations = false)]
+async fn batches_are_all_or_nothing(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let api = api_with(&db, AdminConfig { max_batch: 3, ..AdminConfig::default() });
     api.put_wasm("/v1/modules/count", OP, &module("wordcount")).await.ok(201);
     let ok = api
         .post(
@@ -166,25 +172,28 @@ async fn batches_are_all_or_nothing(pool: PgPool) {
     assert_eq!(api.post("/v1/tasks/batch", OP, &json!([])).await.ok(201)["tasks"], json!([]));
 
     let stored: i64 =
-        sqlx::query_scalar("select count(*) from tasks").fetch_one(&pool).await.unwrap();
+        sqlx::query_scalar("select count(*) from sweep.tasks").fetch_one(&pool).await.unwrap();
     assert_eq!(stored, 2, "only the good batch was written");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn cancel_pending_then_conflict(pool: PgPool) {
-    let api = with_module(&pool).await;
+#[sqlx::test(migrations = false)]
+async fn cancel_pending_then_conflict(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let api = with_module(&db).await;
     let id = api.enqueue(OPERATOR, "count", json!({"text": "x"})).await;
     let cancelled = api.post(&format!("/v1/tasks/{id}/cancel"), OP, &json!({})).await;
-    assert_eq!(cancelled.ok(200)["state"], "cancelled");
+    assert_eq!(cancelled.ok(200)["state"], TaskState::Cancelled.as_str());
     api.post(&format!("/v1/tasks/{id}/cancel"), OP, &json!({}))
         .await
         .expect(409, "not_cancellable");
     api.post("/v1/tasks/424242/cancel", OP, &json!({})).await.expect(404, "not_found");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn dead_tasks_list_in_pages_filter_and_requeue(pool: PgPool) {
-    let api = with_module(&pool).await;
+#[sqlx::test(migrations = false)]
+async fn dead_tasks_list_in_pages_filter_and_requeue(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let api = with_module(&db).await;
     let mut ids = Vec::new();
     for i in 0..5 {
         ids.push(make_dead(&pool, "default", if i % 2 == 0 { "count" } else { "other" }).await);
@@ -200,7 +209,7 @@ async fn dead_tasks_list_in_pages_filter_and_requeue(pool: PgPool) {
     assert!(rest.json["next_after"].is_null(), "last page");
     let counts = api.get("/v1/dead?task_type=count", OP).await;
     assert_eq!(counts.ok(200)["tasks"].as_array().unwrap().len(), 3);
-    assert_eq!(counts.json["tasks"][0]["errors"][0]["kind"], "trap");
+    assert_eq!(counts.json["tasks"][0]["errors"][0]["kind"], FailureKind::Trap.as_str());
 
     for bad in ["limit=0", "limit=5000", "after=-1", "task_type=a%20b", "nope=1"] {
         let a = api.get(&format!("/v1/dead?{bad}"), OP).await;
@@ -208,16 +217,17 @@ async fn dead_tasks_list_in_pages_filter_and_requeue(pool: PgPool) {
     }
 
     let requeued = api.post(&format!("/v1/dead/{}/requeue", ids[0]), OP, &json!({})).await;
-    assert_eq!(requeued.ok(200)["state"], "pending");
-    assert_eq!(requeued.json["errors"][0]["kind"], "trap", "history kept");
+    assert_eq!(requeued.ok(200)["state"], TaskState::Pending.as_str());
+    assert_eq!(requeued.json["errors"][0]["kind"], FailureKind::Trap.as_str(), "history kept");
     api.post(&format!("/v1/dead/{}/requeue", ids[0]), OP, &json!({}))
         .await
         .expect(404, "not_found");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn unknown_routes_are_404_and_wrong_methods_405(pool: PgPool) {
-    let api = api(&pool);
+#[sqlx::test(migrations = false)]
+async fn unknown_routes_are_404_and_wrong_methods_405(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let api = api(&db);
     api.get("/nope", OP).await.expect(404, "not_found");
     api.get("/v1/nope", None).await.expect(404, "not_found");
     api.send(api.req("DELETE", "/v1/tasks/1", OP)).await.expect(405, "method_not_allowed");

@@ -5,11 +5,13 @@ mod common;
 use std::collections::HashSet;
 
 use common::*;
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::queue::{self, NewTask, TaskState};
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn claim_sets_running_with_attempt_and_lease(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn claim_sets_running_with_attempt_and_lease(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     let ids = enqueue_n(&pool, "t", 3).await;
     let claimed = claim(&pool, runner, 2).await;
@@ -19,7 +21,7 @@ async fn claim_sets_running_with_attempt_and_lease(pool: PgPool) {
         assert_eq!(state(&pool, c.id).await, TaskState::Running);
     }
     let (owner, expires): (uuid::Uuid, chrono::DateTime<chrono::Utc>) =
-        sqlx::query_as("select lease_owner, lease_expires_at from tasks where id = $1")
+        sqlx::query_as("select lease_owner, lease_expires_at from sweep.tasks where id = $1")
             .bind(claimed[0].id)
             .fetch_one(&pool)
             .await
@@ -33,8 +35,10 @@ async fn claim_sets_running_with_attempt_and_lease(pool: PgPool) {
     assert!(claim(&pool, runner, 10).await.is_empty());
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn claim_order_is_priority_then_run_at_then_id(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn claim_order_is_priority_then_run_at_then_id(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let past = |mins| chrono::Utc::now() - chrono::Duration::minutes(mins);
     let tasks = vec![
         task("t", 0).priority(0).run_at(past(1)),   // 4th
@@ -55,8 +59,10 @@ async fn claim_order_is_priority_then_run_at_then_id(pool: PgPool) {
     assert_eq!(order, vec![ids[3], ids[1], ids[5], ids[0], ids[4], ids[2]]);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn claim_filters_by_task_type(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn claim_filters_by_task_type(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let a = enqueue_n(&pool, "a", 2).await;
     enqueue_n(&pool, "b", 2).await;
     let only_a =
@@ -65,8 +71,13 @@ async fn claim_filters_by_task_type(pool: PgPool) {
     assert_eq!(got, a.into_iter().collect());
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn eight_concurrent_claimers_drain_ten_thousand_tasks_exactly_once(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn eight_concurrent_claimers_drain_ten_thousand_tasks_exactly_once(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let tasks: Vec<NewTask> = (0..10_000).map(|i| task("hammer", i)).collect();
     let ids: HashSet<_> =
         queue::enqueue_many(&pool, &tasks).await.unwrap().into_iter().map(|e| e.id).collect();
@@ -100,16 +111,19 @@ async fn eight_concurrent_claimers_drain_ten_thousand_tasks_exactly_once(pool: P
     assert_eq!(total, 10_000);
     assert_eq!(seen, ids);
     let (succeeded, max_attempts): (i64, i32) = sqlx::query_as(
-        "select count(*) filter (where state = 'succeeded'), max(attempts) from finished_tasks",
+        "select count(*) filter (where state = $1), max(attempts) from sweep.finished_tasks",
     )
+    .bind(TaskState::Succeeded.as_str())
     .fetch_one(&pool)
     .await
     .unwrap();
     assert_eq!((succeeded, max_attempts), (10_000, 1));
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn heartbeat_extends_only_the_runners_own_leases(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn heartbeat_extends_only_the_runners_own_leases(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let (a, b) = (new_runner(), new_runner());
     queue::register_runner(&pool, a, "host-a", 1).await.unwrap();
     enqueue_n(&pool, "t", 4).await;
@@ -123,7 +137,7 @@ async fn heartbeat_extends_only_the_runners_own_leases(pool: PgPool) {
         let pool = pool.clone();
         async move {
             sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
-                "select lease_expires_at from tasks where id = $1",
+                "select lease_expires_at from sweep.tasks where id = $1",
             )
             .bind(id)
             .fetch_one(&pool)

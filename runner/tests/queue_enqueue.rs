@@ -6,15 +6,20 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool,
+};
 use sweep::queue::{self, InvalidTask, NewTask, QueueError, TaskState};
 
 async fn count_tasks(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("select count(*) from tasks").fetch_one(pool).await.unwrap()
+    sqlx::query_scalar("select count(*) from sweep.tasks").fetch_one(pool).await.unwrap()
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn enqueue_one_is_pending_with_its_fields(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn enqueue_one_is_pending_with_its_fields(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let e = queue::enqueue(
         &pool,
         NewTask::new("mail", json!({"to": "ada"})).priority(7).max_attempts(3),
@@ -29,8 +34,10 @@ async fn enqueue_one_is_pending_with_its_fields(pool: PgPool) {
     assert_eq!(t.tenant, "default");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn bulk_enqueue_returns_ids_in_input_order(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn bulk_enqueue_returns_ids_in_input_order(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let tasks: Vec<NewTask> = (0..20_000).map(|i| task("bulk", i)).collect();
     let ids = queue::enqueue_many(&pool, &tasks).await.unwrap();
     assert_eq!(ids.len(), 20_000);
@@ -43,8 +50,10 @@ async fn bulk_enqueue_returns_ids_in_input_order(pool: PgPool) {
     }
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn delay_and_run_at_set_when_a_task_is_due(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn delay_and_run_at_set_when_a_task_is_due(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let later = queue::enqueue(&pool, task("t", 1).delay(Duration::from_secs(3600))).await.unwrap();
     let at = chrono::Utc::now() + chrono::Duration::minutes(30);
     let scheduled = queue::enqueue(&pool, task("t", 2).run_at(at)).await.unwrap();
@@ -61,8 +70,10 @@ async fn delay_and_run_at_set_when_a_task_is_due(pool: PgPool) {
     assert_eq!(t.run_at.unwrap().timestamp_micros(), at.timestamp_micros());
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn dedup_key_returns_the_live_task(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn dedup_key_returns_the_live_task(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let first = queue::enqueue(&pool, task("t", 1).dedup_key("order-42")).await.unwrap();
     let again = queue::enqueue(&pool, task("t", 2).dedup_key("order-42")).await.unwrap();
     assert_eq!(again, queue::Enqueued { id: first.id, created: false });
@@ -88,8 +99,10 @@ async fn dedup_key_returns_the_live_task(pool: PgPool) {
     assert_eq!(count_tasks(&pool).await, 4);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn dedup_key_is_free_again_once_the_task_finished(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn dedup_key_is_free_again_once_the_task_finished(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     let first = queue::enqueue(&pool, task("t", 1).dedup_key("k")).await.unwrap();
     let c = claim(&pool, runner, 1).await.remove(0);
@@ -102,8 +115,10 @@ async fn dedup_key_is_free_again_once_the_task_finished(pool: PgPool) {
     assert_ne!(second.id, first.id);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn bad_input_is_a_typed_error_and_writes_nothing(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn bad_input_is_a_typed_error_and_writes_nothing(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let cases: Vec<(NewTask, fn(&InvalidTask) -> bool)> = vec![
         (NewTask::new("", json!({})), |e| matches!(e, InvalidTask::EmptyTaskType)),
         (NewTask::new("x".repeat(200), json!({})), |e| {
@@ -133,8 +148,13 @@ async fn bad_input_is_a_typed_error_and_writes_nothing(pool: PgPool) {
     assert_eq!(count_tasks(&pool).await, 0);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn tasks_take_max_attempts_from_their_active_module_unless_they_set_it(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn tasks_take_max_attempts_from_their_active_module_unless_they_set_it(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let settings = queue::ModuleSettings { max_attempts: Some(2), ..Default::default() };
     queue::register_module(&pool, "default", "m", &"a".repeat(64), b"\0asm", &settings)
         .await

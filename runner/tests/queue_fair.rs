@@ -10,7 +10,10 @@ use std::collections::HashMap;
 
 use common::*;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool,
+};
 use sweep::queue::{self, ClaimMode, ClaimedTask, ModuleSettings, NewTask, TenantCaps};
 use uuid::Uuid;
 
@@ -29,17 +32,14 @@ async fn tenant_with_weight(pool: &PgPool, name: &str, weight: i32) {
 
 /// Tasks running right now, per tenant (every runner).
 async fn running_by_tenant(pool: &PgPool) -> HashMap<String, i64> {
-    queue::bench_support::running_by_tenant(pool)
-        .await
-        .expect("count running")
-        .into_iter()
-        .collect()
+    sweep_dev::fixtures::running_by_tenant(pool).await.expect("count running").into_iter().collect()
 }
 
 async fn running_by_type(pool: &PgPool) -> HashMap<String, i64> {
     let rows: Vec<(String, i64)> = sqlx::query_as(
-        "select task_type, count(*) from tasks where state = 'running' group by task_type",
+        "select task_type, count(*) from sweep.tasks where state = $1 group by task_type",
     )
+    .bind(TaskState::Running.as_str())
     .fetch_all(pool)
     .await
     .expect("count running");
@@ -56,8 +56,10 @@ async fn complete(pool: &PgPool, runner: Uuid, tasks: &[ClaimedTask]) {
     assert!(lost.is_empty());
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn two_backlogged_tenants_get_two_of_four_slots_each(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn two_backlogged_tenants_get_two_of_four_slots_each(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     backlog(&pool, "a", "work", 50).await;
     backlog(&pool, "b", "work", 50).await;
     let got = claim(&pool, new_runner(), 4).await;
@@ -66,8 +68,10 @@ async fn two_backlogged_tenants_get_two_of_four_slots_each(pool: PgPool) {
     assert_eq!((count(&running, "a"), count(&running, "b")), (2, 2));
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_tenant_alone_takes_every_slot(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn a_tenant_alone_takes_every_slot(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     backlog(&pool, "a", "work", 50).await;
     // Another tenant with nothing due yet takes nothing away.
     let tomorrow = chrono::Utc::now() + chrono::Duration::days(1);
@@ -78,8 +82,10 @@ async fn a_tenant_alone_takes_every_slot(pool: PgPool) {
     assert_eq!(count(&running_by_tenant(&pool).await, "a"), 8);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn weight_two_gets_twice_the_slots(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn weight_two_gets_twice_the_slots(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     tenant_with_weight(&pool, "light", 1).await;
     tenant_with_weight(&pool, "heavy", 2).await;
     backlog(&pool, "light", "work", 50).await;
@@ -96,8 +102,10 @@ async fn weight_two_gets_twice_the_slots(pool: PgPool) {
     assert_eq!((count(&running, "light"), count(&running, "heavy")), (4, 8));
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_low_weight_tenant_is_never_starved(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn a_low_weight_tenant_is_never_starved(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     tenant_with_weight(&pool, "small", 1).await;
     tenant_with_weight(&pool, "huge", 10_000).await;
     backlog(&pool, "small", "work", 20).await;
@@ -112,12 +120,13 @@ async fn a_low_weight_tenant_is_never_starved(pool: PgPool) {
             claim(&pool, runner, 1).await.into_iter().filter(|c| c.tenant == "small").collect();
         assert_eq!(small.len(), 0, "round {round}: it already holds one");
         let mine: Vec<(i64, i32)> = sqlx::query_as(
-            "select id, attempts from tasks where tenant = 'small' and state = 'running'",
+            "select id, attempts from sweep.tasks where tenant = 'small' and state = $1",
         )
+        .bind(TaskState::Running.as_str())
         .fetch_all(&pool)
         .await
         .unwrap();
-        let owner: Uuid = sqlx::query_scalar("select lease_owner from tasks where id = $1")
+        let owner: Uuid = sqlx::query_scalar("select lease_owner from sweep.tasks where id = $1")
             .bind(mine[0].0)
             .fetch_one(&pool)
             .await
@@ -135,8 +144,10 @@ async fn a_low_weight_tenant_is_never_starved(pool: PgPool) {
     }
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_slow_task_type_does_not_block_a_fast_one(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn a_slow_task_type_does_not_block_a_fast_one(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     backlog(&pool, "a", "slow", 100).await;
     backlog(&pool, "a", "fast", 10).await;
     let runner = new_runner();
@@ -152,8 +163,10 @@ async fn a_slow_task_type_does_not_block_a_fast_one(pool: PgPool) {
     assert_eq!((count(&by_type, "slow"), count(&by_type, "fast")), (2, 2));
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn share_counts_slots_held_not_claims(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn share_counts_slots_held_not_claims(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     // `long` never finishes during the test, `short` finishes at once: a runner that claims
     // one slot at a time must not let `long` pile up slots by being slow.
     backlog(&pool, "long", "work", 100).await;
@@ -168,8 +181,10 @@ async fn share_counts_slots_held_not_claims(pool: PgPool) {
     assert_eq!(count(&running, "long"), 1, "{running:?}");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn priority_and_run_at_still_order_a_task_type(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn priority_and_run_at_still_order_a_task_type(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let past = |mins| chrono::Utc::now() - chrono::Duration::minutes(mins);
     let tasks = vec![
         task("t", 0).priority(0).run_at(past(1)),
@@ -190,8 +205,10 @@ async fn priority_and_run_at_still_order_a_task_type(pool: PgPool) {
     }
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn per_type_running_limit_holds_across_two_runners(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn per_type_running_limit_holds_across_two_runners(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let limited = ModuleSettings { max_running: Some(3), ..Default::default() };
     register(&pool, "limited", "noop", limited).await;
     backlog(&pool, "default", "limited", 20).await;
@@ -212,8 +229,10 @@ async fn per_type_running_limit_holds_across_two_runners(pool: PgPool) {
     assert_eq!(count(&running_by_type(&pool).await, "limited"), 3);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn tenant_cap_and_fair_share_hold_together(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn tenant_cap_and_fair_share_hold_together(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let caps = TenantCaps { max_running: Some(2), ..TenantCaps::default() };
     queue::create_tenant(&pool, "capped", &"c".repeat(64), &caps).await.unwrap();
     backlog(&pool, "capped", "work", 20).await;
@@ -224,8 +243,13 @@ async fn tenant_cap_and_fair_share_hold_together(pool: PgPool) {
     assert_eq!((count(&running, "capped"), count(&running, "open")), (2, 10));
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn spare_slots_let_in_idle_queues_and_tenants_below_their_share(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn spare_slots_let_in_idle_queues_and_tenants_below_their_share(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     backlog(&pool, "flood", "spin", 100).await;
     let runner = new_runner();
     assert_eq!(claim(&pool, runner, 4).await.len(), 4);
@@ -247,21 +271,24 @@ async fn spare_slots_let_in_idle_queues_and_tenants_below_their_share(pool: PgPo
     // is below its share, and it gets one more.
     let again = starved(4).await.unwrap();
     assert_eq!(again.iter().map(|c| c.tenant.as_str()).collect::<Vec<_>>(), vec!["newcomer"]);
-    sqlx::query("delete from tasks where tenant = 'newcomer' and state <> 'running'")
+    sqlx::query("delete from sweep.tasks where tenant = 'newcomer' and state <> $1")
+        .bind(TaskState::Running.as_str())
         .execute(&pool)
         .await
         .unwrap();
     assert!(starved(4).await.unwrap().is_empty(), "nothing of newcomer left; flood is above");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_drained_queue_is_found_again(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn a_drained_queue_is_found_again(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     enqueue_n(&pool, "t", 2).await;
     let first = claim(&pool, runner, 5).await;
     assert_eq!(first.len(), 2);
     let hint: Option<chrono::DateTime<chrono::Utc>> =
-        sqlx::query_scalar("select next_run_at from queues where task_type = 't'")
+        sqlx::query_scalar("select next_run_at from sweep.queues where task_type = 't'")
             .fetch_one(&pool)
             .await
             .unwrap();
@@ -271,7 +298,7 @@ async fn a_drained_queue_is_found_again(pool: PgPool) {
     let failure = queue::Failure {
         id: first[0].id,
         attempt: first[0].attempt,
-        kind: "handler_error".into(),
+        kind: FailureKind::HandlerError,
         message: "again".into(),
         permanent: false,
         retry_delay: std::time::Duration::ZERO,
@@ -288,7 +315,7 @@ async fn a_drained_queue_is_found_again(pool: PgPool) {
     let now_id = queue::enqueue(&pool, task("t", 10)).await.unwrap().id;
     assert_eq!(claim(&pool, runner, 5).await.iter().map(|c| c.id).collect::<Vec<_>>(), [now_id]);
     let hint: Option<chrono::DateTime<chrono::Utc>> =
-        sqlx::query_scalar("select next_run_at from queues where task_type = 't'")
+        sqlx::query_scalar("select next_run_at from sweep.queues where task_type = 't'")
             .fetch_one(&pool)
             .await
             .unwrap();
@@ -296,19 +323,26 @@ async fn a_drained_queue_is_found_again(pool: PgPool) {
     assert!((hint - later).num_milliseconds().abs() < 5, "{hint} vs {later}");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn the_hint_repair_finds_work_the_hints_missed(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn the_hint_repair_finds_work_the_hints_missed(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     enqueue_n(&pool, "t", 3).await;
     // As if a lowering had been skipped: the hint says nothing waits.
-    sqlx::query("update queues set next_run_at = null").execute(&pool).await.unwrap();
+    sqlx::query("update sweep.queues set next_run_at = null").execute(&pool).await.unwrap();
     assert!(claim(&pool, new_runner(), 5).await.is_empty());
     assert_eq!(queue::repair_queue_hints(&pool).await.unwrap(), 1);
     assert_eq!(claim(&pool, new_runner(), 5).await.len(), 3);
     assert_eq!(queue::repair_queue_hints(&pool).await.unwrap(), 0, "nothing left to repair");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn more_due_queues_than_a_claim_looks_at_are_all_served(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn more_due_queues_than_a_claim_looks_at_are_all_served(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     // A claim looks at a window of 2 * limit + 16 due queues; with 300 of them every claim is
     // still full while work is due (drained queues leave the window at once) and all of it is
     // claimed in exactly as many claims as it takes.

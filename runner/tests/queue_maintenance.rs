@@ -7,15 +7,20 @@ use std::{collections::HashSet, time::Duration};
 
 use common::*;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::queue::{self, RetryPolicy, TaskState};
 
 fn instant_retry(_: &str) -> RetryPolicy {
     RetryPolicy { base: Duration::ZERO, cap: Duration::ZERO, jitter: 0.0 }
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn reaper_rescues_the_tasks_of_a_runner_that_stopped_heartbeating(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn reaper_rescues_the_tasks_of_a_runner_that_stopped_heartbeating(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let (dead_runner, live_runner, reaper) = (new_runner(), new_runner(), new_runner());
     let last_try = queue::enqueue(&pool, task("t", 0).max_attempts(1)).await.unwrap().id;
     enqueue_n(&pool, "t", 3).await;
@@ -35,7 +40,7 @@ async fn reaper_rescues_the_tasks_of_a_runner_that_stopped_heartbeating(pool: Pg
     for c in &orphans {
         let t = show(&pool, c.id).await;
         let entry = &t.errors[0];
-        assert_eq!(entry["kind"], "lease_expired");
+        assert_eq!(entry["kind"], FailureKind::LeaseExpired.as_str());
         assert_eq!(entry["runner"], dead_runner.to_string());
         if c.id == last_try {
             assert_eq!(t.state, TaskState::Dead, "no attempts left");
@@ -49,8 +54,10 @@ async fn reaper_rescues_the_tasks_of_a_runner_that_stopped_heartbeating(pool: Pg
     assert!(queue::reap_expired(&pool, reaper, 100, policy).await.unwrap().retrying.is_empty());
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn concurrent_reapers_rescue_each_task_once(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn concurrent_reapers_rescue_each_task_once(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     enqueue_n(&pool, "t", 200).await;
     let gone = new_runner();
     queue::claim_batch(&pool, gone, 200, &[], Duration::ZERO).await.unwrap();
@@ -76,15 +83,17 @@ async fn concurrent_reapers_rescue_each_task_once(pool: PgPool) {
     let unique: HashSet<_> = all.iter().collect();
     assert_eq!((all.len(), unique.len()), (200, 200));
     let attempts: Vec<i32> =
-        sqlx::query_scalar("select distinct jsonb_array_length(errors) from tasks")
+        sqlx::query_scalar("select distinct jsonb_array_length(errors) from sweep.tasks")
             .fetch_all(&pool)
             .await
             .unwrap();
     assert_eq!(attempts, vec![1], "exactly one history entry per task");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn retention_deletes_old_finished_tasks_in_batches(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn retention_deletes_old_finished_tasks_in_batches(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     let ids = enqueue_n(&pool, "t", 30).await;
     let claimed = claim(&pool, runner, 25).await;
@@ -103,18 +112,23 @@ async fn retention_deletes_old_finished_tasks_in_batches(pool: PgPool) {
         }
     }
     assert_eq!(rounds, vec![10, 10, 1]);
-    let left: Vec<String> = sqlx::query_scalar("select distinct state from tasks order by 1")
+    let left: Vec<String> = sqlx::query_scalar("select distinct state from sweep.tasks order by 1")
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(left, vec!["pending", "running"], "live tasks are never deleted");
-    let history: i64 =
-        sqlx::query_scalar("select count(*) from finished_tasks").fetch_one(&pool).await.unwrap();
+    let left: Vec<TaskState> = left.iter().map(|s| s.parse().unwrap()).collect();
+    assert_eq!(left, vec![TaskState::Pending, TaskState::Running], "live tasks are never deleted");
+    let history: i64 = sqlx::query_scalar("select count(*) from sweep.finished_tasks")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(history, 0, "every finished task was old enough to go");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn stats_count_by_tenant_type_and_state(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn stats_count_by_tenant_type_and_state(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     enqueue_n(&pool, "a", 3).await;
     queue::enqueue(&pool, task("b", 1).tenant("acme").max_attempts(1)).await.unwrap();
@@ -130,7 +144,7 @@ async fn stats_count_by_tenant_type_and_state(pool: PgPool) {
         .map(|c| queue::Failure {
             id: c.id,
             attempt: 1,
-            kind: "trap".into(),
+            kind: FailureKind::Trap,
             message: "x".into(),
             permanent: false,
             retry_delay: Duration::from_secs(60),

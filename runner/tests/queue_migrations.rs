@@ -1,12 +1,17 @@
-//! Migrations that move data: applied by hand, step by step, to a database holding rows in
-//! the shape the earlier migrations left them.
+//! Migrations that move data: applied step by step to a database holding rows in the shape
+//! the earlier migrations left them (by hand, or the way `sweep migrate` did before Sweep had
+//! a schema of its own); and the store refusing a schema it was not built for.
 
 mod common;
 
 use common::*;
 use serde_json::{json, Value};
-use sqlx::PgPool;
-use sweep::queue::{self, TaskState, MIGRATOR};
+use sqlx::{
+    migrate::Migrator,
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool,
+};
+use sweep::queue::{self, NewTask, Role, Store, StoreError, TaskState, MIGRATOR};
 
 /// Applies every embedded migration whose version is in `versions`, in order.
 async fn apply(pool: &PgPool, versions: impl Fn(i64) -> bool) {
@@ -49,10 +54,12 @@ async fn finished_tasks_move_out_of_the_live_table_with_everything_they_held(poo
     assert_eq!(state(&pool, 2).await, TaskState::Cancelled);
     assert_eq!(state(&pool, 3).await, TaskState::Pending);
 
-    let live: Vec<(i64, String)> =
-        sqlx::query_as("select id, state from tasks order by id").fetch_all(&pool).await.unwrap();
+    let live: Vec<(i64, String)> = sqlx::query_as("select id, state from sweep.tasks order by id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
     assert_eq!(live, vec![(3, "pending".to_owned())], "only live work stays in tasks");
-    let refused = sqlx::query("update tasks set state = 'succeeded' where id = 3")
+    let refused = sqlx::query("update sweep.tasks set state = 'succeeded' where id = 3")
         .execute(&pool)
         .await
         .expect_err("a finished state in tasks must be refused");
@@ -99,7 +106,7 @@ async fn queues_are_built_from_the_tasks_and_modules_there_are(pool: PgPool) {
     apply(&pool, |v| v >= 9).await;
 
     let queues: Vec<(String, String, bool)> = sqlx::query_as(
-        "select tenant, task_type, coalesce(next_run_at <= now(), false) from queues order by 1, 2",
+        "select tenant, task_type, coalesce(next_run_at <= now(), false) from sweep.queues order by 1, 2",
     )
     .fetch_all(&pool)
     .await
@@ -109,7 +116,7 @@ async fn queues_are_built_from_the_tasks_and_modules_there_are(pool: PgPool) {
     assert_eq!(has("acme", "mixed"), Some(true), "its pending task is due");
     assert_eq!(has("other", "later"), Some(false), "its retry is due in an hour");
     let idle: Option<Option<chrono::DateTime<chrono::Utc>>> = sqlx::query_scalar(
-        "select next_run_at from queues where tenant = 'acme' and task_type = 'idle'",
+        "select next_run_at from sweep.queues where tenant = 'acme' and task_type = 'idle'",
     )
     .fetch_optional(&pool)
     .await
@@ -119,4 +126,147 @@ async fn queues_are_built_from_the_tasks_and_modules_there_are(pool: PgPool) {
     // The fair claim finds the due task and only that one.
     let got = claim(&pool, new_runner(), 10).await;
     assert_eq!(got.iter().map(|c| c.id).collect::<Vec<_>>(), vec![1]);
+}
+
+/// Runs the embedded migrations whose version is in `versions` the way `sweep migrate` did
+/// before Sweep had its own schema: sqlx's migrator on a plain connection, so tables and the
+/// bookkeeping (`_sqlx_migrations`) land in `public`.
+async fn migrate_the_old_way(pool: &PgPool, versions: impl Fn(i64) -> bool) {
+    let old = Migrator {
+        migrations: MIGRATOR.iter().filter(|m| versions(m.version)).cloned().collect(),
+        ..Migrator::DEFAULT
+    };
+    old.run(pool).await.expect("old-style migration");
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_installation_in_public_moves_to_the_sweep_schema_with_every_row(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let pool = PgPool::connect_with(options.clone()).await.unwrap();
+    migrate_the_old_way(&pool, |v| v < 10).await;
+    // Today's rows in every table, plus an application's own table and migration row, which
+    // must stay where they are. Migration 8 carries the checksum of its first text, as the
+    // databases that applied it before its edit do.
+    sqlx::raw_sql(
+        r#"
+        insert into tenants (name, token_sha256, weight, max_running)
+        values ('acme', repeat('c', 64), 3, 7);
+        insert into modules (tenant, task_type, version, sha256, bytes, fuel)
+        values ('acme', 'resize', 1, repeat('a', 64), '\x0061736d', 1000);
+        insert into active_modules (tenant, task_type, version) values ('acme', 'resize', 1);
+        insert into queues (tenant, task_type, weight) values ('acme', 'resize', 3);
+        insert into tasks (id, tenant, task_type, payload, state, attempts, run_at)
+        values (1, 'acme', 'resize', '{"n": 1}', 'pending', 0, now() - interval '1 second'),
+               (2, 'acme', 'resize', '{"n": 2}', 'retrying', 1, now() + interval '1 hour');
+        insert into finished_tasks (id, tenant, task_type, payload, state, priority, attempts,
+                                    max_attempts, run_at, errors, result, created_at,
+                                    finished_at)
+        values (3, 'acme', 'resize', '{"n": 3}', 'succeeded', 0, 1, 5, now(), '[]',
+                '{"ok": true}', now(), now()),
+               (4, 'acme', 'resize', '{"n": 4}', 'cancelled', 0, 0, 5, now(), '[]', null,
+                now(), now());
+        insert into dead_tasks (id, tenant, task_type, payload, priority, attempts,
+                                max_attempts, reason, errors, created_at)
+        values (5, 'acme', 'resize', '{"n": 5}', 0, 5, 5, 'timeout', '[{"kind": "timeout"}]',
+                now());
+        insert into runners (id, host, pid) values (gen_random_uuid(), 'old-host', 42);
+        select setval('tasks_id_seq', 5);
+        update queues set next_run_at = now() where tenant = 'acme';
+        update _sqlx_migrations
+        set checksum = decode('12ab7aa9da32ab8bbd536842107cbe82cb47e3f4d5335efdc0858a63c4840e15241e4ab02cb17867e39065ecf619080b', 'hex')
+        where version = 8;
+        create table orders (id int primary key);
+        insert into orders values (1);
+        insert into _sqlx_migrations (version, description, success, checksum, execution_time)
+        values (20240101000000, 'the application''s own', true, '\x01', 1);
+        "#,
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let before = Store::open_with(options.clone(), Role::Runner, 1).await.expect_err("old schema");
+    assert!(before.to_string().contains("sweep migrate"), "{before}");
+
+    let applied = queue::migrate_with(options.clone()).await.expect("migrating");
+    assert_eq!(applied, vec![10]);
+
+    let leftover: Vec<(String,)> = sqlx::query_as(
+        "select tablename::text from pg_tables where schemaname = 'public' order by 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let leftover: Vec<&str> = leftover.iter().map(|(t,)| t.as_str()).collect();
+    assert_eq!(leftover, vec!["_sqlx_migrations", "orders"], "only the application's tables stay");
+    let app_rows: Vec<(i64,)> = sqlx::query_as("select version from public._sqlx_migrations")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(app_rows, vec![(20240101000000,)]);
+    let counts: (i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(
+        "select (select count(*) from sweep.tenants), (select count(*) from sweep.modules),
+                (select count(*) from sweep.active_modules), (select count(*) from sweep.tasks),
+                (select count(*) from sweep.finished_tasks), (select count(*) from sweep.dead_tasks),
+                (select count(*) from sweep.runners)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(counts, (1, 1, 1, 2, 2, 1, 1));
+
+    // Every row reads back through the store, and the queue works on the moved tables.
+    let db = migrated(options).await;
+    let pool = db.pool();
+    let tenant = queue::get_tenant(&pool, "acme").await.unwrap().expect("tenant");
+    assert_eq!((tenant.weight, tenant.caps.max_running), (3, Some(7)));
+    assert_eq!(show(&pool, 3).await.result, Some(json!({"ok": true})));
+    assert_eq!(state(&pool, 4).await, TaskState::Cancelled);
+    assert_eq!(state(&pool, 5).await, TaskState::Dead);
+    assert_eq!(state(&pool, 2).await, TaskState::Retrying);
+    let runner = new_runner();
+    let got = claim(&pool, runner, 10).await;
+    assert_eq!(got.iter().map(|c| c.id).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(got[0].module.as_ref().map(|m| m.settings.fuel), Some(Some(1000)));
+    let done = completion(&got[0], json!({"resized": true}));
+    assert!(queue::complete_batch(&pool, runner, &[done]).await.unwrap().is_empty());
+    assert_eq!(state(&pool, 1).await, TaskState::Succeeded);
+    let next = queue::enqueue(&pool, NewTask::new("resize", json!({})).tenant("acme")).await;
+    assert_eq!(next.unwrap().id, 6, "ids continue from the moved sequence");
+    assert_eq!(queue::requeue(&pool, None, 5).await.unwrap(), 5);
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_store_refuses_a_schema_it_was_not_built_for(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let missing = Store::open_with(options.clone(), Role::Runner, 1).await.expect_err("empty");
+    assert!(matches!(missing, StoreError::SchemaMissing), "{missing}");
+    assert!(missing.to_string().contains("run `sweep migrate`"), "{missing}");
+
+    let db = migrated(options.clone()).await;
+    let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap();
+    sqlx::query("delete from sweep._sqlx_migrations where version = $1")
+        .bind(latest)
+        .execute(&db.pool())
+        .await
+        .unwrap();
+    let behind = Store::open_with(options.clone(), Role::Admin, 1).await.expect_err("behind");
+    assert!(matches!(behind, StoreError::SchemaBehind { .. }), "{behind}");
+    assert!(behind.to_string().contains("run `sweep migrate`"), "{behind}");
+    assert_eq!(queue::migrate_with(options.clone()).await.unwrap(), vec![latest]);
+
+    sqlx::query(
+        "insert into sweep._sqlx_migrations (version, description, success, checksum,
+                                              execution_time)
+         values (99990101000000, 'from a newer sweep', true, '\\x00', 1)",
+    )
+    .execute(&db.pool())
+    .await
+    .unwrap();
+    let ahead = Store::open_with(options, Role::Runner, 1).await.expect_err("ahead");
+    assert!(matches!(ahead, StoreError::SchemaAhead { .. }), "{ahead}");
+    assert!(ahead.to_string().contains("newer"), "{ahead}");
 }

@@ -5,15 +5,17 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::queue::{self, Wakeups};
 
 /// Far longer than the test may take: if the waiter only woke by polling, the test would fail
 /// on the outer timeout instead.
 const POLL: Duration = Duration::from_secs(3600);
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn idle_claimer_wakes_on_enqueue(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn idle_claimer_wakes_on_enqueue(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let wakeups = Wakeups::listen(&pool).await.unwrap();
     let runner = new_runner();
     assert!(claim(&pool, runner, 1).await.is_empty());
@@ -35,8 +37,10 @@ async fn idle_claimer_wakes_on_enqueue(pool: PgPool) {
     assert_eq!(claimed.len(), ids.len());
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_notification_while_nobody_waits_is_not_lost(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn a_notification_while_nobody_waits_is_not_lost(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let wakeups = Wakeups::listen(&pool).await.unwrap();
     queue::enqueue(&pool, task("t", 1)).await.unwrap();
     // The enqueue committed before anyone waited: the stored permit wakes the next wait.

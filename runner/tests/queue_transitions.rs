@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool,
+};
 use sweep::queue::{self, ClaimedTask, Completion, Failure, QueueError, TaskState};
 use uuid::Uuid;
 
@@ -15,7 +18,7 @@ fn failure(c: &ClaimedTask, permanent: bool, delay: Duration) -> Failure {
     Failure {
         id: c.id,
         attempt: c.attempt,
-        kind: "handler_error".into(),
+        kind: FailureKind::HandlerError,
         message: format!("boom at attempt {}", c.attempt),
         permanent,
         retry_delay: delay,
@@ -34,8 +37,10 @@ fn success(c: &ClaimedTask, result: Value) -> Completion {
     }
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn running_to_succeeded_stores_the_result(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn running_to_succeeded_stores_the_result(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     enqueue_n(&pool, "t", 1).await;
     let c = claim(&pool, runner, 1).await.remove(0);
@@ -48,7 +53,7 @@ async fn running_to_succeeded_stores_the_result(pool: PgPool) {
     assert_eq!(t.module_sha256.as_deref(), Some("sha"));
     assert!(t.finished_at.is_some());
     let (live, history): (i64, i64) = sqlx::query_as(
-        "select (select count(*) from tasks), (select count(*) from finished_tasks)",
+        "select (select count(*) from sweep.tasks), (select count(*) from sweep.finished_tasks)",
     )
     .fetch_one(&pool)
     .await
@@ -56,8 +61,10 @@ async fn running_to_succeeded_stores_the_result(pool: PgPool) {
     assert_eq!((live, history), (0, 1), "the finished row moved out of the hot table");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn failed_attempt_retries_later_with_history(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn failed_attempt_retries_later_with_history(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     enqueue_n(&pool, "t", 1).await;
     let c = claim(&pool, runner, 1).await.remove(0);
@@ -72,15 +79,20 @@ async fn failed_attempt_retries_later_with_history(pool: PgPool) {
     assert!(wait > chrono::Duration::seconds(100), "retry is scheduled after the backoff: {wait}");
     let entry = &t.errors[0];
     assert_eq!(entry["attempt"], 1);
-    assert_eq!(entry["kind"], "handler_error");
+    assert_eq!(entry["kind"], FailureKind::HandlerError.as_str());
     assert_eq!(entry["fuel_used"], 345);
     assert!(entry["at"].is_string());
     // Not due yet, so not claimable.
     assert!(claim(&pool, runner, 1).await.is_empty());
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn retrying_task_runs_again_and_the_last_attempt_goes_dead(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn retrying_task_runs_again_and_the_last_attempt_goes_dead(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     let id = queue::enqueue(&pool, task("t", 1).max_attempts(3)).await.unwrap().id;
     for attempt in 1..=3 {
@@ -101,16 +113,18 @@ async fn retrying_task_runs_again_and_the_last_attempt_goes_dead(pool: PgPool) {
         t.errors.as_array().unwrap().iter().map(|e| e["attempt"].as_i64().unwrap()).collect();
     assert_eq!(history, vec![1, 2, 3]);
     let live: i64 =
-        sqlx::query_scalar("select count(*) from tasks").fetch_one(&pool).await.unwrap();
+        sqlx::query_scalar("select count(*) from sweep.tasks").fetch_one(&pool).await.unwrap();
     assert_eq!(live, 0, "the row left tasks");
     let dead = queue::list_dead(&pool, None, Some("t"), None, 10).await.unwrap();
     assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, "handler_error");
+    assert_eq!(dead[0].reason, FailureKind::HandlerError.as_str());
     assert_eq!(dead[0].module_sha256.as_deref(), Some("abc"));
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn permanent_failure_goes_dead_at_once(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn permanent_failure_goes_dead_at_once(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     enqueue_n(&pool, "t", 1).await;
     let c = claim(&pool, runner, 1).await.remove(0);
@@ -120,8 +134,10 @@ async fn permanent_failure_goes_dead_at_once(pool: PgPool) {
     assert_eq!(state(&pool, c.id).await, TaskState::Dead);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_report_after_the_lease_was_lost_is_rejected(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn a_report_after_the_lease_was_lost_is_rejected(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let (a, b) = (new_runner(), new_runner());
     enqueue_n(&pool, "t", 2).await;
     let mine = queue::claim_batch(&pool, a, 2, &[], Duration::ZERO).await.unwrap();
@@ -154,8 +170,10 @@ async fn a_report_after_the_lease_was_lost_is_rejected(pool: PgPool) {
     assert_eq!(show(&pool, c0.id).await.result, Some(json!("fresh")));
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn wrong_attempt_or_owner_is_fenced_out(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn wrong_attempt_or_owner_is_fenced_out(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     enqueue_n(&pool, "t", 1).await;
     let c = claim(&pool, runner, 1).await.remove(0);
@@ -171,8 +189,13 @@ async fn wrong_attempt_or_owner_is_fenced_out(pool: PgPool) {
     assert_eq!(state(&pool, c.id).await, TaskState::Running);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn large_mixed_batches_apply_each_report_to_its_own_task(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn large_mixed_batches_apply_each_report_to_its_own_task(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     enqueue_n(&pool, "t", 600).await;
     let mut claimed = claim(&pool, runner, 600).await;
@@ -232,8 +255,10 @@ async fn backends_waiting_on_a_lock(pool: &PgPool, n: i64) {
     }
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn reports_that_wait_behind_a_heartbeat_still_apply(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn reports_that_wait_behind_a_heartbeat_still_apply(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     enqueue_n(&pool, "t", 2).await;
     let claimed = claim(&pool, runner, 2).await;
@@ -261,8 +286,10 @@ async fn reports_that_wait_behind_a_heartbeat_still_apply(pool: PgPool) {
     assert_eq!(state(&pool, claimed[1].id).await, TaskState::Succeeded);
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn requeue_brings_a_dead_task_back_with_its_history(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn requeue_brings_a_dead_task_back_with_its_history(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     let id = queue::enqueue(&pool, task("t", 1).max_attempts(1)).await.unwrap().id;
     let c = claim(&pool, runner, 1).await.remove(0);
@@ -276,11 +303,13 @@ async fn requeue_brings_a_dead_task_back_with_its_history(pool: PgPool) {
     assert!(queue::list_dead(&pool, None, None, None, 10).await.unwrap().is_empty());
     // Runs again from attempt 1.
     assert_eq!(claim(&pool, runner, 1).await[0].attempt, 1);
-    assert!(matches!(queue::requeue(&pool, None, id).await, Err(QueueError::NotFound(_))));
+    assert!(matches!(queue::requeue(&pool, None, id).await, Err(QueueError::TaskNotFound(_))));
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn requeue_refuses_when_its_dedup_key_is_taken(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn requeue_refuses_when_its_dedup_key_is_taken(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     let id = queue::enqueue(&pool, task("t", 1).max_attempts(1).dedup_key("k")).await.unwrap().id;
     let c = claim(&pool, runner, 1).await.remove(0);
@@ -291,8 +320,10 @@ async fn requeue_refuses_when_its_dedup_key_is_taken(pool: PgPool) {
     assert_eq!(state(&pool, id).await, TaskState::Dead, "nothing lost");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn cancel_applies_to_pending_and_retrying_only(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn cancel_applies_to_pending_and_retrying_only(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     let ids = enqueue_n(&pool, "t", 3).await;
     queue::cancel(&pool, None, ids[0]).await.unwrap();
@@ -315,24 +346,31 @@ async fn cancel_applies_to_pending_and_retrying_only(pool: PgPool) {
     ));
     assert!(matches!(
         queue::cancel(&pool, None, 999_999).await,
-        Err(QueueError::NotFound(999_999))
+        Err(QueueError::TaskNotFound(999_999))
     ));
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn tenant_scope_hides_other_tenants_tasks(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn tenant_scope_hides_other_tenants_tasks(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let id = queue::enqueue(&pool, task("t", 1).tenant("acme")).await.unwrap().id;
     assert!(matches!(
         queue::get_task(&pool, Some("globex"), id).await,
-        Err(QueueError::NotFound(_))
+        Err(QueueError::TaskNotFound(_))
     ));
-    assert!(matches!(queue::cancel(&pool, Some("globex"), id).await, Err(QueueError::NotFound(_))));
+    assert!(matches!(
+        queue::cancel(&pool, Some("globex"), id).await,
+        Err(QueueError::TaskNotFound(_))
+    ));
     assert_eq!(queue::get_task(&pool, Some("acme"), id).await.unwrap().id, id);
     queue::cancel(&pool, Some("acme"), id).await.unwrap();
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn release_hands_unstarted_tasks_back_uncounted(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn release_hands_unstarted_tasks_back_uncounted(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let runner = new_runner();
     enqueue_n(&pool, "t", 2).await;
     let claimed = claim(&pool, runner, 2).await;

@@ -139,7 +139,8 @@ const NOT_JSON: &str = r#"(module
     (i32.store (i32.const 4) (i32.const 5))
     (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
 
-const NOOP: &str = r#"(module (memory 1) (func (export "_start")))"#;
+use sweep::queue::FailureKind;
+use sweep_dev::modules::EMPTY_MODULE_WAT as NOOP;
 
 async fn run(sandbox: &Sandbox, wat: &str, limits: Limits) -> anyhow::Result<Outcome> {
     let module = compile(sandbox, wat)?;
@@ -171,7 +172,7 @@ async fn empty_stdout_is_null_and_garbage_is_invalid_output() -> anyhow::Result<
     for sb in both() {
         assert_eq!(run(sb, NOOP, limits()).await?, Outcome::Success(json!(null)));
         let out = run(sb, NOT_JSON, limits()).await?;
-        assert_eq!(out.kind(), "invalid_output", "{out:?}");
+        assert_eq!(out.failure_kind(), Some(FailureKind::InvalidOutput), "{out:?}");
     }
     Ok(())
 }
@@ -197,7 +198,7 @@ async fn exit_100_is_permanent_with_stderr_message() -> anyhow::Result<()> {
 async fn exit_1_is_retryable() -> anyhow::Result<()> {
     for sb in both() {
         let out = run(sb, &exit_with(1, "try later"), limits()).await?;
-        assert_eq!(out.kind(), "handler_error");
+        assert_eq!(out.failure_kind(), Some(FailureKind::HandlerError));
         assert!(!out.is_permanent());
         assert_eq!(out.message().as_deref(), Some("try later"));
     }
@@ -380,7 +381,7 @@ async fn exhausted_pool_is_a_runner_error() -> anyhow::Result<()> {
     // (taking the only slot) and parks in its sleep.
     tokio::task::yield_now().await;
     let out = run(&sb, NOOP, limits()).await?;
-    assert_eq!(out.kind(), "runner_error", "{out:?}");
+    assert_eq!(out.failure_kind(), Some(FailureKind::RunnerError), "{out:?}");
     assert_eq!(held.await?.outcome, Outcome::Timeout);
     // The slot is free again.
     assert_eq!(run(&sb, NOOP, limits()).await?, Outcome::Success(json!(null)));

@@ -16,7 +16,7 @@ const COMMAND: &str = r#"(module
   (memory (export "memory") 1)
   (func (export "_start")))"#;
 
-const NOOP: &str = r#"(module (memory 1) (func (export "_start")))"#;
+use sweep_dev::modules::EMPTY_MODULE_WAT as NOOP;
 
 fn sandbox() -> &'static Sandbox {
     static SANDBOX: OnceLock<Sandbox> = OnceLock::new();

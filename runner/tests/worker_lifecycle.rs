@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::{
     config::MaintenanceConfig,
     queue::{self, ModuleSettings, NewTask, TaskState},
@@ -18,8 +18,10 @@ fn running(t: &queue::TaskView) -> bool {
     t.state == TaskState::Running
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn runaway_guests_do_not_starve_a_healthy_task(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn runaway_guests_do_not_starve_a_healthy_task(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     // Limits far beyond the test's life: only the runner's fairness lets the healthy task in.
     let long = ModuleSettings {
         fuel: Some(200_000_000_000),
@@ -34,12 +36,12 @@ async fn runaway_guests_do_not_starve_a_healthy_task(pool: PgPool) {
         grace_period: Duration::from_millis(100),
         ..test_config()
     };
-    let runner = start_worker(&pool, config);
+    let runner = start_worker(&db, config);
 
     let spin = queue::enqueue(&pool, NewTask::new("spin", json!({}))).await.unwrap().id;
     let nap = queue::enqueue(&pool, NewTask::new("nap", json!({}))).await.unwrap().id;
-    wait_for(&pool, spin, "running", running).await;
-    wait_for(&pool, nap, "running", running).await;
+    wait_for(&pool, spin, "to run", running).await;
+    wait_for(&pool, nap, "to run", running).await;
 
     let healthy = queue::enqueue(&pool, NewTask::new("wordcount", json!({"text": "still here"})))
         .await
@@ -59,8 +61,13 @@ async fn runaway_guests_do_not_starve_a_healthy_task(pool: PgPool) {
     }
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_runner_killed_mid_task_has_its_task_finished_by_another(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn a_runner_killed_mid_task_has_its_task_finished_by_another(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     register(
         &pool,
         "nap",
@@ -72,10 +79,10 @@ async fn a_runner_killed_mid_task_has_its_task_finished_by_another(pool: PgPool)
         queue::enqueue(&pool, NewTask::new("nap", json!({"wake_on_attempt": 2}))).await.unwrap().id;
 
     // A real `sweep run` process takes the task and hangs in it.
-    let db: String =
+    let name: String =
         sqlx::query_scalar("select current_database()").fetch_one(&pool).await.unwrap();
     let server = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let url = format!("{}/{db}", &server[..server.rfind('/').expect("a database url")]);
+    let url = format!("{}/{name}", &server[..server.rfind('/').expect("a database url")]);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sweep"))
         .args([
             "run",
@@ -94,7 +101,7 @@ async fn a_runner_killed_mid_task_has_its_task_finished_by_another(pool: PgPool)
         .kill_on_drop(true)
         .spawn()
         .expect("spawn sweep run");
-    let t = wait_for(&pool, id, "running", running).await;
+    let t = wait_for(&pool, id, "to run", running).await;
     assert_eq!(t.attempts, 1);
 
     child.kill().await.expect("SIGKILL"); // no chance to hand anything back
@@ -112,23 +119,29 @@ async fn a_runner_killed_mid_task_has_its_task_finished_by_another(pool: PgPool)
         },
         ..test_config()
     };
-    let rescuer = start_worker(&pool, config);
+    let rescuer = start_worker(&db, config);
     let t = wait_settled(&pool, id).await;
     assert_eq!((t.state, t.attempts), (TaskState::Succeeded, 2), "{t:#?}");
-    assert_eq!(error_kinds(&t), vec!["lease_expired"]);
+    assert_eq!(error_kinds(&t), vec![FailureKind::LeaseExpired]);
     assert_eq!(t.result, Some(json!({"woke_on_attempt": 2})));
     rescuer.stop().await;
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn stopping_lets_short_tasks_finish_and_leaves_nothing_running(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn stopping_lets_short_tasks_finish_and_leaves_nothing_running(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     register(&pool, "noop", "noop", ModuleSettings::default()).await;
     let ids = enqueue_n(&pool, "noop", 40).await;
-    let runner = start_worker(&pool, test_config());
+    let runner = start_worker(&db, test_config());
     assert_eq!(wait_settled(&pool, ids[0]).await.state, TaskState::Succeeded);
     let summary = runner.stop().await;
     assert_eq!(summary.released, 0, "short tasks finish within the grace period");
-    let running: i64 = sqlx::query_scalar("select count(*) from tasks where state = 'running'")
+    let running: i64 = sqlx::query_scalar("select count(*) from sweep.tasks where state = $1")
+        .bind(TaskState::Running.as_str())
         .fetch_one(&pool)
         .await
         .unwrap();
@@ -136,8 +149,13 @@ async fn stopping_lets_short_tasks_finish_and_leaves_nothing_running(pool: PgPoo
     assert!(queue::list_runners(&pool).await.unwrap().is_empty(), "the runner deregistered");
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_newly_due_task_type_starts_while_long_tasks_hold_every_slot(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn a_newly_due_task_type_starts_while_long_tasks_hold_every_slot(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let long = ModuleSettings {
         fuel: Some(200_000_000_000),
         timeout_ms: Some(120_000),
@@ -152,13 +170,14 @@ async fn a_newly_due_task_type_starts_while_long_tasks_hold_every_slot(pool: PgP
         grace_period: Duration::from_millis(100),
         ..test_config()
     };
-    let runner = start_worker(&pool, config);
+    let runner = start_worker(&db, config);
     let naps: Vec<_> = (0..5).map(|i| NewTask::new("nap", json!({ "i": i }))).collect();
     queue::enqueue_many(&pool, &naps).await.unwrap();
     let held = || async {
         let n: i64 = sqlx::query_scalar(
-            "select count(*) from tasks where task_type = 'nap' and state = 'running'",
+            "select count(*) from sweep.tasks where task_type = 'nap' and state = $1",
         )
+        .bind(TaskState::Running.as_str())
         .fetch_one(&pool)
         .await
         .unwrap();

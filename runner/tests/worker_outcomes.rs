@@ -6,13 +6,15 @@ mod common;
 
 use common::*;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::queue::{self, ModuleSettings, NewTask, TaskState};
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn handler_output_is_stored_as_the_result(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn handler_output_is_stored_as_the_result(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let sha = register(&pool, "wordcount", "wordcount", ModuleSettings::default()).await;
-    let runner = start_worker(&pool, test_config());
+    let runner = start_worker(&db, test_config());
     let id = queue::enqueue(&pool, NewTask::new("wordcount", json!({"text": "a b a", "top": 1})))
         .await
         .unwrap()
@@ -31,7 +33,7 @@ async fn handler_output_is_stored_as_the_result(pool: PgPool) {
 
 /// (task type, module, settings, payload, expected kind of every attempt, max_attempts)
 fn misbehaving(
-) -> Vec<(&'static str, &'static str, ModuleSettings, serde_json::Value, &'static str, i32)> {
+) -> Vec<(&'static str, &'static str, ModuleSettings, serde_json::Value, FailureKind, i32)> {
     let s = ModuleSettings::default;
     vec![
         (
@@ -39,7 +41,7 @@ fn misbehaving(
             "spinloop",
             ModuleSettings { fuel: Some(1_000_000), ..s() },
             json!({}),
-            "out_of_fuel",
+            FailureKind::OutOfFuel,
             2,
         ),
         (
@@ -47,7 +49,7 @@ fn misbehaving(
             "spinloop",
             ModuleSettings { fuel: Some(100_000_000_000), timeout_ms: Some(400), ..s() },
             json!({}),
-            "timeout",
+            FailureKind::Timeout,
             1,
         ),
         (
@@ -55,7 +57,7 @@ fn misbehaving(
             "sleep",
             ModuleSettings { timeout_ms: Some(400), ..s() },
             json!({}),
-            "timeout",
+            FailureKind::Timeout,
             1,
         ),
         (
@@ -63,24 +65,29 @@ fn misbehaving(
             "grow",
             ModuleSettings { memory_bytes: Some(16 << 20), ..s() },
             json!({}),
-            "memory_limit",
+            FailureKind::MemoryLimit,
             1,
         ),
-        ("deep", "recurse", s(), json!({}), "stack_overflow", 1),
-        ("chatty", "flood", s(), json!({}), "output_too_large", 1),
-        ("crash", "panic", s(), json!({}), "trap", 2),
+        ("deep", "recurse", s(), json!({}), FailureKind::StackOverflow, 1),
+        ("chatty", "flood", s(), json!({}), FailureKind::OutputTooLarge, 1),
+        ("crash", "panic", s(), json!({}), FailureKind::Trap, 2),
     ]
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn every_misbehaving_fixture_lands_on_its_outcome_and_dies(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn every_misbehaving_fixture_lands_on_its_outcome_and_dies(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let mut ids = Vec::new();
     for (task_type, module, settings, payload, kind, max_attempts) in misbehaving() {
         register(&pool, task_type, module, settings).await;
         let task = NewTask::new(task_type, payload).max_attempts(max_attempts);
         ids.push((queue::enqueue(&pool, task).await.unwrap().id, task_type, kind, max_attempts));
     }
-    let runner = start_worker(&pool, test_config());
+    let runner = start_worker(&db, test_config());
     for (id, task_type, kind, max_attempts) in ids {
         let t = wait_settled(&pool, id).await;
         assert_eq!(t.state, TaskState::Dead, "{task_type}: {t:#?}");
@@ -88,19 +95,24 @@ async fn every_misbehaving_fixture_lands_on_its_outcome_and_dies(pool: PgPool) {
         let entry = &t.errors[0];
         assert!(entry["duration_ms"].is_u64() && entry["fuel_used"].is_u64(), "{entry}");
         let dead = queue::list_dead(&pool, None, Some(task_type), None, 10).await.unwrap();
-        assert_eq!(dead[0].reason, kind);
+        assert_eq!(dead[0].reason, kind.as_str());
     }
     runner.stop().await;
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn permanent_failure_dies_at_once_and_flaky_succeeds_after_retries(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn permanent_failure_dies_at_once_and_flaky_succeeds_after_retries(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     register(&pool, "permanent", "permanent", ModuleSettings::default()).await;
     register(&pool, "flaky", "flaky", ModuleSettings::default()).await;
     let permanent = queue::enqueue(&pool, NewTask::new("permanent", json!({}))).await.unwrap().id;
     let flaky =
         queue::enqueue(&pool, NewTask::new("flaky", json!({"fail_times": 2}))).await.unwrap().id;
-    let runner = start_worker(&pool, test_config());
+    let runner = start_worker(&db, test_config());
 
     let t = wait_settled(&pool, permanent).await;
     assert_eq!(
@@ -108,32 +120,42 @@ async fn permanent_failure_dies_at_once_and_flaky_succeeds_after_retries(pool: P
         (TaskState::Dead, 1),
         "max_attempts is 5, but permanent means no retry"
     );
-    assert_eq!(error_kinds(&t), vec!["handler_error"]);
+    assert_eq!(error_kinds(&t), vec![FailureKind::HandlerError]);
     assert_eq!(t.errors[0]["exit_code"], 100);
     assert!(t.last_error.as_deref().unwrap_or("").contains("permanent"), "{t:#?}");
 
     let t = wait_settled(&pool, flaky).await;
     assert_eq!((t.state, t.attempts), (TaskState::Succeeded, 3));
-    assert_eq!(error_kinds(&t), vec!["handler_error", "handler_error"]);
+    assert_eq!(error_kinds(&t), vec![FailureKind::HandlerError, FailureKind::HandlerError]);
     assert_eq!(t.result, Some(json!({"attempt": 3})));
     runner.stop().await;
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_task_type_without_a_module_fails_as_module_missing(pool: PgPool) {
-    let runner = start_worker(&pool, test_config());
+#[sqlx::test(migrations = false)]
+async fn a_task_type_without_a_module_fails_as_module_missing(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let runner = start_worker(&db, test_config());
     let id =
         queue::enqueue(&pool, NewTask::new("ghost", json!({})).max_attempts(2)).await.unwrap().id;
     let t = wait_settled(&pool, id).await;
     assert_eq!(t.state, TaskState::Dead);
-    assert_eq!(error_kinds(&t), vec!["module_missing", "module_missing"]);
+    assert_eq!(error_kinds(&t), vec![FailureKind::ModuleMissing, FailureKind::ModuleMissing]);
     runner.stop().await;
 }
 
-#[sqlx::test(migrator = "sweep::queue::MIGRATOR")]
-async fn a_new_module_version_applies_without_restarting_the_runner(pool: PgPool) {
+#[sqlx::test(migrations = false)]
+async fn a_new_module_version_applies_without_restarting_the_runner(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
     let v1 = register(&pool, "job", "noop", ModuleSettings::default()).await;
-    let runner = start_worker(&pool, test_config());
+    let runner = start_worker(&db, test_config());
     let first =
         queue::enqueue(&pool, NewTask::new("job", json!({"text": "x y"}))).await.unwrap().id;
     let t = wait_settled(&pool, first).await;

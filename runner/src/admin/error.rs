@@ -106,7 +106,9 @@ impl From<QueueError> for ApiError {
             QueueError::Invalid(invalid) => {
                 Self::unprocessable("invalid_task", invalid.to_string())
             }
-            QueueError::NotFound(id) => Self::not_found(format!("task {id} not found")),
+            e @ (QueueError::TaskNotFound(_) | QueueError::ModuleVersionNotFound { .. }) => {
+                Self::not_found(e.to_string())
+            }
             e @ QueueError::NotCancellable { .. } => {
                 Self::conflict("not_cancellable", e.to_string())
             }

@@ -46,6 +46,7 @@ pub use error::ApiError;
 pub use filters::routes;
 pub use params::{EffectiveLimits, MAX_BACKOFF_MS};
 
+use crate::queue::{Role, Store};
 use crate::sandbox::Sandbox;
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +62,8 @@ pub enum AdminError {
     },
     #[error("cannot read the listening address")]
     LocalAddr(#[source] std::io::Error),
+    #[error("the admin API needs a store opened for the admin role, got {0:?}")]
+    WrongRole(Role),
 }
 
 /// Everything a request needs. Cheap to clone.
@@ -92,8 +95,15 @@ impl AdminState {
     /// `/metrics` answers 503 and everything else works). `sandbox` validates uploads: share
     /// the runner's, or build one with `SandboxConfig { pooling: false, .. }` when serving
     /// the API alone. Its maxima bound what a module may ask for.
-    pub fn new(pool: PgPool, sandbox: Sandbox, config: AdminConfig) -> Result<Self, AdminError> {
+    ///
+    /// `store` must be opened for [`Role::Admin`]: the API's reads never take the runner's
+    /// connections.
+    pub fn new(store: &Store, sandbox: Sandbox, config: AdminConfig) -> Result<Self, AdminError> {
         config.validate()?;
+        if store.role() != Role::Admin {
+            return Err(AdminError::WrongRole(store.role()));
+        }
+        let pool = store.pool().clone();
         let metrics = match crate::metrics::install() {
             Ok(handle) => Some(handle),
             Err(e) => {

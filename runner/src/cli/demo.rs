@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use serde_json::{json, Value};
 use sqlx::{migrate::MigrateDatabase, Postgres};
 use sweep::{
-    queue::{self, ModuleSettings, NewTask, TaskState, TaskView},
+    queue::{self, ModuleSettings, NewTask, Role, Store, TaskState, TaskView},
     sandbox::sha256_hex,
     worker::Worker,
 };
@@ -84,9 +84,10 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     if Postgres::database_exists(url).await.context("reaching Postgres")? {
         Postgres::drop_database(url).await.context("dropping the previous demo database")?;
     }
-    let pool = queue::connect(url, 8).await.context("creating the demo database")?;
-    let worker =
-        Worker::new(pool.clone(), args.worker.to_config()).context("starting the runner")?;
+    queue::migrate(url).await.context("creating the demo database")?;
+    let store = Store::open(url, Role::Runner, 8).await.context("opening the demo database")?;
+    let pool = store.pool().clone();
+    let worker = Worker::new(&store, args.worker.to_config()).context("starting the runner")?;
 
     println!("== registering modules from {}", args.modules_dir.display());
     for (task_type, file, settings) in modules() {

@@ -4,7 +4,6 @@
 //! Server-side commands (`migrate`, `run`, `demo`) talk to Postgres directly; client
 //! commands (`tenant`, `module`, `enqueue`, `task`, `stats`, `dead`) talk to the admin API.
 
-mod bench;
 mod client;
 mod demo;
 mod serve;
@@ -24,21 +23,20 @@ pub struct Cli {
 
 #[derive(Debug, clap::Args)]
 pub struct DatabaseArgs {
-    /// Postgres connection string; the database is created if missing.
+    /// Postgres connection string. Only `sweep migrate` (and the demo) creates the database
+    /// and its schema; every other command needs it migrated.
     #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/sweep")]
     pub database_url: String,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create the database if needed and apply migrations.
+    /// Create the database if needed and bring the Sweep schema up to date.
     Migrate(DatabaseArgs),
     /// Run a runner: claim tasks and execute their modules until SIGINT/SIGTERM.
     Run(serve::RunArgs),
     /// Register the example modules, enqueue work, run it and show what happened.
     Demo(demo::DemoArgs),
-    /// End-to-end benchmarks of a runner on a fresh database (throughput, wake-up latency).
-    Bench(bench::BenchArgs),
     /// Serve the admin API alone (no runner) until SIGINT/SIGTERM.
     Admin(client::AdminArgs),
     /// Create or list tenants (operator; talks to Postgres directly).
@@ -64,7 +62,6 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate(db) => serve::migrate(db).await,
         Command::Run(args) => serve::run(args).await,
         Command::Demo(args) => demo::demo(args).await,
-        Command::Bench(args) => bench::bench(args).await,
         Command::Admin(args) => client::admin(args).await,
         Command::Tenant(command) => client::tenant(command).await,
         Command::Module(command) => client::module(command).await,

@@ -1,24 +1,29 @@
 //! Server-side commands: `migrate`, `run` and `demo`. They talk to Postgres directly.
 
-use std::{path::PathBuf, time::Duration};
-
 use anyhow::Context;
 use sweep::{
     admin::{self, AdminState},
-    config::{MaintenanceConfig, WorkerConfig},
-    queue,
-    sandbox::{Limits, SandboxConfig},
+    queue::{self, Role, Store},
     worker::{self, Worker},
 };
 
 use tokio::sync::watch;
 
 use super::{client::AdminServerArgs, DatabaseArgs};
+pub use sweep::args::{default_modules_dir, WorkerArgs};
 
 pub async fn migrate(db: DatabaseArgs) -> anyhow::Result<()> {
-    let pool = queue::connect(&db.database_url, 2).await.context("migrating")?;
-    pool.close().await;
-    println!("migrations applied");
+    let done = queue::migrate(&db.database_url).await.context("migrating")?;
+    if done.database_created {
+        println!("created the database");
+    }
+    match done.applied.as_slice() {
+        [] => println!("the schema is up to date"),
+        applied => println!(
+            "applied migrations {}",
+            applied.iter().map(i64::to_string).collect::<Vec<_>>().join(", ")
+        ),
+    }
     Ok(())
 }
 
@@ -35,114 +40,17 @@ pub struct RunArgs {
     pub no_admin: bool,
 }
 
-/// Runner settings; every flag has an environment variable.
-#[derive(Debug, clap::Args)]
-pub struct WorkerArgs {
-    /// Tasks that run at once.
-    #[arg(long, env = "SWEEP_CONCURRENCY", default_value_t = sweep::config::DEFAULT_CONCURRENCY)]
-    pub concurrency: usize,
-    /// Extra instances for queues with nothing running while every slot is busy, so a newly
-    /// due tenant or task type starts at once (0: none).
-    #[arg(long, env = "SWEEP_SPARE_SLOTS", default_value_t = sweep::config::DEFAULT_SPARE_SLOTS)]
-    pub spare_slots: usize,
-    /// Most tasks claimed per statement.
-    #[arg(long, env = "SWEEP_BATCH_SIZE", default_value_t = sweep::config::DEFAULT_BATCH_SIZE)]
-    pub batch_size: usize,
-    /// Claim statements kept in flight at once.
-    #[arg(long, env = "SWEEP_CLAIMERS", default_value_t = sweep::config::DEFAULT_CLAIMERS)]
-    pub claimers: usize,
-    /// Lease length in seconds (renewed every third of it).
-    #[arg(long, env = "SWEEP_LEASE_SECS", default_value_t = sweep::config::DEFAULT_LEASE.as_secs())]
-    pub lease_secs: u64,
-    /// Poll interval in milliseconds, the backstop for NOTIFY wake-ups.
-    #[arg(long, env = "SWEEP_POLL_MS", default_value_t = 1000)]
-    pub poll_ms: u64,
-    /// Seconds running tasks get to finish on SIGINT/SIGTERM before they are handed back.
-    #[arg(long, env = "SWEEP_GRACE_SECS", default_value_t = sweep::config::DEFAULT_GRACE_PERIOD.as_secs())]
-    pub grace_secs: u64,
-    /// Only run these task types (repeat the flag; default: all).
-    #[arg(long = "task-type", env = "SWEEP_TASK_TYPES", value_delimiter = ',')]
-    pub task_types: Vec<String>,
-    /// Default fuel per task (modules may ask for less or more, up to --max-fuel).
-    #[arg(long, env = "SWEEP_FUEL", default_value_t = Limits::DEFAULT.fuel)]
-    pub fuel: u64,
-    /// Default wall-clock limit per task, in milliseconds.
-    #[arg(long, env = "SWEEP_TIMEOUT_MS", default_value_t = Limits::DEFAULT.timeout.as_millis() as u64)]
-    pub timeout_ms: u64,
-    /// Default memory limit per task, in MiB.
-    #[arg(long, env = "SWEEP_MEMORY_MB", default_value_t = Limits::DEFAULT.memory_bytes >> 20)]
-    pub memory_mb: u64,
-    /// Most stdout (result) bytes per task.
-    #[arg(long, env = "SWEEP_OUTPUT_BYTES", default_value_t = Limits::DEFAULT.output_bytes)]
-    pub output_bytes: usize,
-    /// Highest fuel any module may ask for.
-    #[arg(long, env = "SWEEP_MAX_FUEL", default_value_t = Limits::MAXIMA.fuel)]
-    pub max_fuel: u64,
-    /// Highest timeout any module may ask for, in milliseconds.
-    #[arg(long, env = "SWEEP_MAX_TIMEOUT_MS", default_value_t = Limits::MAXIMA.timeout.as_millis() as u64)]
-    pub max_timeout_ms: u64,
-    /// Highest memory any module may ask for, in MiB.
-    #[arg(long, env = "SWEEP_MAX_MEMORY_MB", default_value_t = Limits::MAXIMA.memory_bytes >> 20)]
-    pub max_memory_mb: u64,
-    /// Allocate instances on demand instead of from a pre-reserved pool.
-    #[arg(long, env = "SWEEP_NO_POOLING")]
-    pub no_pooling: bool,
-    /// Vacuum the live task table this often, in milliseconds (0: leave it to autovacuum).
-    /// The table only holds live work, so this is cheap, and it keeps claims from walking
-    /// past the index entries of tasks that already ran.
-    #[arg(long, env = "SWEEP_VACUUM_MS", default_value_t = sweep::config::DEFAULT_VACUUM_INTERVAL.as_millis() as u64)]
-    pub vacuum_ms: u64,
-}
-
-impl WorkerArgs {
-    pub fn to_config(&self) -> WorkerConfig {
-        let defaults = Limits {
-            fuel: self.fuel,
-            timeout: Duration::from_millis(self.timeout_ms),
-            memory_bytes: self.memory_mb << 20,
-            output_bytes: self.output_bytes,
-        };
-        let maxima = Limits {
-            fuel: self.max_fuel,
-            timeout: Duration::from_millis(self.max_timeout_ms),
-            memory_bytes: self.max_memory_mb << 20,
-            output_bytes: self.output_bytes.max(Limits::MAXIMA.output_bytes),
-        };
-        WorkerConfig {
-            concurrency: self.concurrency,
-            spare_slots: self.spare_slots,
-            batch_size: self.batch_size,
-            claimers: self.claimers,
-            lease: Duration::from_secs(self.lease_secs),
-            poll_interval: Duration::from_millis(self.poll_ms),
-            grace_period: Duration::from_secs(self.grace_secs),
-            task_types: self.task_types.clone(),
-            sandbox: SandboxConfig {
-                pooling: !self.no_pooling,
-                max_concurrency: u32::try_from(self.concurrency.saturating_add(self.spare_slots))
-                    .unwrap_or(u32::MAX),
-                defaults,
-                maxima,
-                ..SandboxConfig::default()
-            },
-            maintenance: MaintenanceConfig {
-                vacuum_interval: (self.vacuum_ms > 0)
-                    .then(|| Duration::from_millis(self.vacuum_ms)),
-                ..MaintenanceConfig::default()
-            },
-            ..WorkerConfig::default()
-        }
-    }
-}
+/// Connections of the admin API served next to a runner.
+const ADMIN_CONNECTIONS: u32 = 4;
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = args.worker.to_config();
     config.validate().context("invalid runner settings")?;
     let connections = u32::try_from(config.concurrency / 4 + config.claimers + 4).unwrap_or(32);
-    let pool = queue::connect(&args.db.database_url, connections)
+    let store = Store::open(&args.db.database_url, Role::Runner, connections)
         .await
-        .context("connecting to Postgres")?;
-    let worker = Worker::new(pool.clone(), config).context("starting the runner")?;
+        .context("opening the database")?;
+    let worker = Worker::new(&store, config).context("starting the runner")?;
 
     // One signal stops both the runner and its admin API.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -156,8 +64,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let admin = if args.no_admin {
         None
     } else {
-        // Built before the runner starts, so the metrics recorder sees every task.
-        let state = AdminState::new(pool.clone(), worker.sandbox().clone(), args.admin.to_config())
+        // Built before the runner starts, so the metrics recorder sees every task. The API
+        // has connections of its own: its reads never wait for the runner's.
+        let admin_store = Store::open(&args.db.database_url, Role::Admin, ADMIN_CONNECTIONS)
+            .await
+            .context("opening the database for the admin API")?;
+        let state = AdminState::new(&admin_store, worker.sandbox().clone(), args.admin.to_config())
             .context("setting up the admin API")?;
         let listener = tokio::net::TcpListener::bind(args.admin.admin_addr)
             .await
@@ -169,14 +81,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(admin) = admin {
         admin.await.context("admin API task")?.context("admin API")?;
     }
-    pool.close().await;
+    store.close().await;
     println!("runner stopped: {} tasks claimed, {} handed back", summary.claimed, summary.released);
     Ok(())
-}
-
-/// Where `scripts/build-modules.sh` puts the Wasm modules.
-pub fn default_modules_dir() -> PathBuf {
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
-    target.join("wasm32-wasip1").join("wasm")
 }

@@ -65,16 +65,15 @@ pub async fn claim<'c, E: PgExecutor<'c>>(
     // the task is simply pending again, to be claimed (and run) once more: at-least-once
     // holds, and the runner that lost it is fenced out when it reports. See benches/README.md.
     let ring_start: i32 = rand::random_range(0..i32::MAX);
-    let rows: Vec<ClaimRow> =
-        sqlx::query_as(r#"select * from sweep_claim($1, $2, $3, $4, $5, $6)"#)
-            .bind(runner)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .bind(task_types)
-            .bind(millis(lease))
-            .bind(mode == ClaimMode::Starved)
-            .bind(ring_start)
-            .fetch_all(executor)
-            .await?;
+    let rows: Vec<ClaimRow> = sqlx::query_as(CLAIM)
+        .bind(runner)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(task_types)
+        .bind(millis(lease))
+        .bind(mode == ClaimMode::Starved)
+        .bind(ring_start)
+        .fetch_all(executor)
+        .await?;
     Ok(rows.into_iter().map(ClaimRow::into_task).collect())
 }
 
@@ -138,33 +137,8 @@ pub async fn heartbeat_leases<'c, E: PgExecutor<'c>>(
     runner: Uuid,
     lease: Duration,
 ) -> Result<u64, QueueError> {
-    let (extended,): (i64,) = sqlx::query_as(
-        r#"
-        with beat as (
-            -- data-modifying CTEs run whether or not they are referenced
-            update runners set last_heartbeat_at = now() where id = $1
-        ),
-        extended as (
-            -- Rows locked right now are being completed or failed by this runner's reporter:
-            -- skip them rather than wait (and never deadlock with a batch update).
-            -- By id (a primary-key scan however the table looked when this was planned),
-            -- not ctid: a row version locked here may be newer than this statement's
-            -- snapshot, and a TID scan would not find it.
-            update tasks set lease_expires_at = now() + $2 * interval '1 millisecond'
-            where id = any(array(
-                select id from tasks
-                where state = 'running' and lease_owner = $1
-                for update skip locked
-            ))
-            returning id
-        )
-        select count(*) from extended
-        "#,
-    )
-    .bind(runner)
-    .bind(millis(lease))
-    .fetch_one(executor)
-    .await?;
+    let (extended,): (i64,) =
+        sqlx::query_as(HEARTBEAT).bind(runner).bind(millis(lease)).fetch_one(executor).await?;
     Ok(u64::try_from(extended).unwrap_or(0))
 }
 
@@ -176,11 +150,47 @@ pub async fn release_batch<'c, E: PgExecutor<'c>>(
     tasks: &[(TaskId, i32)],
 ) -> Result<Vec<TaskId>, QueueError> {
     let (ids, attempts): (Vec<TaskId>, Vec<i32>) = tasks.iter().copied().unzip();
-    let released: Vec<(TaskId,)> = sqlx::query_as(concat!(
-        r#"
+    let released: Vec<(TaskId,)> =
+        sqlx::query_as(RELEASE).bind(runner).bind(&ids).bind(&attempts).fetch_all(executor).await?;
+    Ok(released.into_iter().map(|(id,)| id).collect())
+}
+
+const CLAIM: &str = r#"select * from sweep.sweep_claim($1, $2, $3, $4, $5, $6)"#;
+
+const HEARTBEAT: &str = concat!(
+    r#"
+    with beat as (
+        -- data-modifying CTEs run whether or not they are referenced
+        update sweep.runners set last_heartbeat_at = now() where id = $1
+    ),
+    extended as (
+        -- Rows locked right now are being completed or failed by this runner's reporter:
+        -- skip them rather than wait (and never deadlock with a batch update).
+        -- By id (a primary-key scan however the table looked when this was planned),
+        -- not ctid: a row version locked here may be newer than this statement's
+        -- snapshot, and a TID scan would not find it.
+        update sweep.tasks set lease_expires_at = now() + $2 * interval '1 millisecond'
+        where id = any(array(
+            select id from sweep.tasks
+            where state = "#,
+    state!(running),
+    r#" and lease_owner = $1
+            for update skip locked
+        ))
+        returning id
+    )
+    select count(*) from extended
+    "#
+);
+const RELEASE: &str = concat!(
+    r#"
         with released as (
-        update tasks t
-        set state = case when t.attempts > 1 then 'retrying' else 'pending' end,
+        update sweep.tasks t
+        set state = case when t.attempts > 1 then "#,
+    state!(retrying),
+    r#" else "#,
+    state!(pending),
+    r#" end,
             attempts = t.attempts - 1,
             lease_owner = null,
             lease_expires_at = null,
@@ -191,15 +201,10 @@ pub async fn release_batch<'c, E: PgExecutor<'c>>(
         returning t.id, t.tenant, t.task_type, t.run_at
         ),
         "#,
-        wake_queues_cte!("released"),
-        r#"
+    wake_queues_cte!("released"),
+    r#"
         select id from released cross join woken_queues
         "#
-    ))
-    .bind(runner)
-    .bind(&ids)
-    .bind(&attempts)
-    .fetch_all(executor)
-    .await?;
-    Ok(released.into_iter().map(|(id,)| id).collect())
-}
+);
+#[cfg(test)]
+pub(super) const STATEMENTS: &[(&str, &str)] = statements![CLAIM, HEARTBEAT, RELEASE];

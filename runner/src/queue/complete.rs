@@ -11,7 +11,7 @@ use serde_json::Value;
 use sqlx::{types::Json, PgExecutor};
 use uuid::Uuid;
 
-use super::{sql_millis, QueueError, TaskId};
+use super::{sql_millis, FailureKind, QueueError, TaskId};
 
 /// Longest error message kept per history entry.
 pub const MAX_ERROR_MESSAGE: usize = 4096;
@@ -33,8 +33,7 @@ pub struct Completion {
 pub struct Failure {
     pub id: TaskId,
     pub attempt: i32,
-    /// Machine-readable kind, e.g. `handler_error`, `timeout`, `lease_expired`.
-    pub kind: String,
+    pub kind: FailureKind,
     pub message: String,
     pub permanent: bool,
     pub retry_delay: Duration,
@@ -65,30 +64,12 @@ pub async fn complete_batch<'c, E: PgExecutor<'c>>(
     // `tasks` keeps only live work. The commit stays synchronous: a lost completion would
     // come back as an expired lease, i.e. a failed attempt, dead-lettered if it was the last
     // (see benches/README.md). On the shape of the statement, see `ReportsById`.
-    let applied: Vec<(TaskId,)> = sqlx::query_as(
-        r#"
-        with done as (
-            delete from tasks t
-            where t.id = any($2::int8[]) and t.lease_owner = $1
-              and t.attempts = ($3::jsonb #>> array[t.id::text, 'attempt'])::int4
-            returning t.*, $3::jsonb -> t.id::text as report
-        )
-        insert into finished_tasks (id, tenant, task_type, payload, state, priority, attempts,
-                                    max_attempts, run_at, dedup_key, last_error, errors,
-                                    result, module_sha256, logs, created_at, started_at)
-        select id, tenant, task_type, payload, 'succeeded', priority, attempts, max_attempts,
-               run_at, dedup_key, last_error, errors, report -> 'result',
-               coalesce(report ->> 'sha', module_sha256), report ->> 'logs', created_at,
-               started_at
-        from done
-        returning id
-        "#,
-    )
-    .bind(runner)
-    .bind(&ids)
-    .bind(Json(&reports))
-    .fetch_all(executor)
-    .await?;
+    let applied: Vec<(TaskId,)> = sqlx::query_as(COMPLETE)
+        .bind(runner)
+        .bind(&ids)
+        .bind(Json(&reports))
+        .fetch_all(executor)
+        .await?;
     Ok(lost(&ids, applied.into_iter().map(|(id,)| id)))
 }
 
@@ -108,64 +89,12 @@ pub async fn fail_batch<'c, E: PgExecutor<'c>>(
     // version, which the statement cannot see, and a TID scan for it finds nothing (the
     // report was lost). By id, the scan finds the visible version and follows it to the
     // locked one. History entries get their time from the database clock.
-    let rows: Vec<(TaskId, bool)> = sqlx::query_as(concat!(
-        r#"
-        with fenced as (
-            select t.id,
-                   (($3::jsonb #>> array[t.id::text, 'permanent'])::bool
-                    or t.attempts >= t.max_attempts) as dies
-            from tasks t
-            where t.id = any($2::int8[]) and t.lease_owner = $1
-              and t.attempts = ($3::jsonb #>> array[t.id::text, 'attempt'])::int4
-            for update of t
-        ),
-        retried as (
-            update tasks t
-            set state = 'retrying',
-                run_at = now() + ($3::jsonb #>> array[t.id::text, 'delay_ms'])::int8
-                                 * interval '1 millisecond',
-                last_error = $3::jsonb #>> array[t.id::text, 'entry', 'message'],
-                errors = t.errors || jsonb_build_array(jsonb_build_object('at', now())
-                                       || ($3::jsonb #> array[t.id::text, 'entry'])),
-                module_sha256 = coalesce($3::jsonb #>> array[t.id::text, 'sha'],
-                                         t.module_sha256),
-                lease_owner = null,
-                lease_expires_at = null,
-                updated_at = now()
-            where t.id = any(array(select id from fenced where not dies))
-            returning t.id, t.tenant, t.task_type, t.run_at
-        ),
-        killed as (
-            delete from tasks t
-            where t.id = any(array(select id from fenced where dies))
-            returning t.*, $3::jsonb -> t.id::text as report
-        ),
-        buried as (
-            insert into dead_tasks (id, tenant, task_type, payload, priority, attempts,
-                                    max_attempts, dedup_key, last_error, errors, module_sha256,
-                                    reason, created_at, started_at)
-            select id, tenant, task_type, payload, priority, attempts, max_attempts, dedup_key,
-                   report #>> '{entry,message}',
-                   errors || jsonb_build_array(jsonb_build_object('at', now())
-                                               || (report -> 'entry')),
-                   coalesce(report ->> 'sha', module_sha256), report #>> '{entry,kind}',
-                   created_at, started_at
-            from killed
-            returning id
-        ),
-        "#,
-        wake_queues_cte!("retried"),
-        r#"
-        select id, false from retried cross join woken_queues
-        union all
-        select id, true from buried
-        "#
-    ))
-    .bind(runner)
-    .bind(&ids)
-    .bind(Json(&reports))
-    .fetch_all(executor)
-    .await?;
+    let rows: Vec<(TaskId, bool)> = sqlx::query_as(FAIL)
+        .bind(runner)
+        .bind(&ids)
+        .bind(Json(&reports))
+        .fetch_all(executor)
+        .await?;
 
     let mut report = FailureReport::default();
     for (id, dead) in rows {
@@ -301,6 +230,85 @@ fn truncate(s: &str, max: usize) -> &str {
     }
     &s[..end]
 }
+
+const COMPLETE: &str = concat!(
+    r#"
+    with done as (
+        delete from sweep.tasks t
+        where t.id = any($2::int8[]) and t.lease_owner = $1
+          and t.attempts = ($3::jsonb #>> array[t.id::text, 'attempt'])::int4
+        returning t.*, $3::jsonb -> t.id::text as report
+    )
+    insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority, attempts,
+                                max_attempts, run_at, dedup_key, last_error, errors,
+                                result, module_sha256, logs, created_at, started_at)
+    select id, tenant, task_type, payload, "#,
+    state!(succeeded),
+    r#", priority, attempts, max_attempts,
+           run_at, dedup_key, last_error, errors, report -> 'result',
+           coalesce(report ->> 'sha', module_sha256), report ->> 'logs', created_at,
+           started_at
+    from done
+    returning id
+    "#
+);
+const FAIL: &str = concat!(
+    r#"
+        with fenced as (
+            select t.id,
+                   (($3::jsonb #>> array[t.id::text, 'permanent'])::bool
+                    or t.attempts >= t.max_attempts) as dies
+            from sweep.tasks t
+            where t.id = any($2::int8[]) and t.lease_owner = $1
+              and t.attempts = ($3::jsonb #>> array[t.id::text, 'attempt'])::int4
+            for update of t
+        ),
+        retried as (
+            update sweep.tasks t
+            set state = "#,
+    state!(retrying),
+    r#",
+                run_at = now() + ($3::jsonb #>> array[t.id::text, 'delay_ms'])::int8
+                                 * interval '1 millisecond',
+                last_error = $3::jsonb #>> array[t.id::text, 'entry', 'message'],
+                errors = t.errors || jsonb_build_array(jsonb_build_object('at', now())
+                                       || ($3::jsonb #> array[t.id::text, 'entry'])),
+                module_sha256 = coalesce($3::jsonb #>> array[t.id::text, 'sha'],
+                                         t.module_sha256),
+                lease_owner = null,
+                lease_expires_at = null,
+                updated_at = now()
+            where t.id = any(array(select id from fenced where not dies))
+            returning t.id, t.tenant, t.task_type, t.run_at
+        ),
+        killed as (
+            delete from sweep.tasks t
+            where t.id = any(array(select id from fenced where dies))
+            returning t.*, $3::jsonb -> t.id::text as report
+        ),
+        buried as (
+            insert into sweep.dead_tasks (id, tenant, task_type, payload, priority, attempts,
+                                    max_attempts, dedup_key, last_error, errors, module_sha256,
+                                    reason, created_at, started_at)
+            select id, tenant, task_type, payload, priority, attempts, max_attempts, dedup_key,
+                   report #>> '{entry,message}',
+                   errors || jsonb_build_array(jsonb_build_object('at', now())
+                                               || (report -> 'entry')),
+                   coalesce(report ->> 'sha', module_sha256), report #>> '{entry,kind}',
+                   created_at, started_at
+            from killed
+            returning id
+        ),
+        "#,
+    wake_queues_cte!("retried"),
+    r#"
+        select id, false from retried cross join woken_queues
+        union all
+        select id, true from buried
+        "#
+);
+#[cfg(test)]
+pub(super) const STATEMENTS: &[(&str, &str)] = statements![COMPLETE, FAIL];
 
 #[cfg(test)]
 mod tests {

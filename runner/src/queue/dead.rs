@@ -19,40 +19,11 @@ pub async fn cancel<'c, E: PgExecutor<'c>>(
     id: TaskId,
 ) -> Result<(), QueueError> {
     // The second column reads the row as it was before this statement's update.
-    let (cancelled, before): (Option<TaskId>, Option<String>) = sqlx::query_as(
-        r#"
-        with cancelled as (
-            delete from tasks
-            where id = $1 and ($2::text is null or tenant = $2)
-              and state in ('pending', 'retrying')
-            returning *
-        ),
-        moved as (
-            insert into finished_tasks (id, tenant, task_type, payload, state, priority,
-                                        attempts, max_attempts, run_at, dedup_key, last_error,
-                                        errors, module_sha256, created_at, started_at)
-            select id, tenant, task_type, payload, 'cancelled', priority, attempts,
-                   max_attempts, run_at, dedup_key, last_error, errors, module_sha256,
-                   created_at, started_at
-            from cancelled
-            returning id
-        )
-        select (select id from moved),
-               coalesce((select state from tasks
-                         where id = $1 and ($2::text is null or tenant = $2)),
-                        (select state from finished_tasks
-                         where id = $1 and ($2::text is null or tenant = $2)),
-                        (select 'dead' from dead_tasks
-                         where id = $1 and ($2::text is null or tenant = $2)))
-        "#,
-    )
-    .bind(id)
-    .bind(tenant)
-    .fetch_one(executor)
-    .await?;
+    let (cancelled, before): (Option<TaskId>, Option<String>) =
+        sqlx::query_as(CANCEL).bind(id).bind(tenant).fetch_one(executor).await?;
     match (cancelled, before) {
         (Some(_), _) => Ok(()),
-        (None, None) => Err(QueueError::NotFound(id)),
+        (None, None) => Err(QueueError::TaskNotFound(id)),
         (None, Some(state)) => Err(QueueError::NotCancellable { id, state: parse_state(&state)? }),
     }
 }
@@ -63,34 +34,11 @@ pub async fn requeue<'c, E: PgExecutor<'c>>(
     tenant: Option<&str>,
     id: TaskId,
 ) -> Result<TaskId, QueueError> {
-    let row: Result<Option<(TaskId,)>, sqlx::Error> = sqlx::query_as(concat!(
-        r#"
-        with revived as (
-            delete from dead_tasks
-            where id = $1 and ($2::text is null or tenant = $2)
-            returning *
-        ),
-        inserted as (
-            insert into tasks (id, tenant, task_type, payload, priority, max_attempts, dedup_key,
-                               last_error, errors, module_sha256, created_at)
-            select id, tenant, task_type, payload, priority, max_attempts, dedup_key,
-                   last_error, errors, module_sha256, created_at
-            from revived
-            returning id, tenant, task_type, run_at
-        ),
-        "#,
-        wake_queues_cte!("inserted"),
-        r#"
-        select id from inserted cross join woken_queues, lateral pg_notify('sweep_tasks', '')
-        "#
-    ))
-    .bind(id)
-    .bind(tenant)
-    .fetch_optional(executor)
-    .await;
+    let row: Result<Option<(TaskId,)>, sqlx::Error> =
+        sqlx::query_as(REQUEUE).bind(id).bind(tenant).fetch_optional(executor).await;
     match row {
         Ok(Some((id,))) => Ok(id),
-        Ok(None) => Err(QueueError::NotFound(id)),
+        Ok(None) => Err(QueueError::TaskNotFound(id)),
         Err(e) if is_unique_violation(&e, "tasks_dedup") => Err(QueueError::DedupKeyTaken { id }),
         Err(e) => Err(e.into()),
     }
@@ -127,29 +75,9 @@ pub async fn get_task<'c, E: PgExecutor<'c>>(
     tenant: Option<&str>,
     id: TaskId,
 ) -> Result<TaskView, QueueError> {
-    let row: Option<TaskView> = sqlx::query_as(
-        r#"
-        select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
-               dedup_key, last_error, errors, null as result, module_sha256, created_at,
-               started_at, null as logs, null as finished_at
-        from tasks where id = $1 and ($2::text is null or tenant = $2)
-        union all
-        select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
-               dedup_key, last_error, errors, result, module_sha256, created_at, started_at,
-               logs, finished_at
-        from finished_tasks where id = $1 and ($2::text is null or tenant = $2)
-        union all
-        select id, tenant, task_type, 'dead' as state, payload, priority, attempts,
-               max_attempts, null as run_at, dedup_key, last_error, errors, null as result,
-               module_sha256, created_at, started_at, null as logs, died_at as finished_at
-        from dead_tasks where id = $1 and ($2::text is null or tenant = $2)
-        "#,
-    )
-    .bind(id)
-    .bind(tenant)
-    .fetch_optional(executor)
-    .await?;
-    row.ok_or(QueueError::NotFound(id))
+    let row: Option<TaskView> =
+        sqlx::query_as(GET_TASK).bind(id).bind(tenant).fetch_optional(executor).await?;
+    row.ok_or(QueueError::TaskNotFound(id))
 }
 
 /// A row of the dead-letter table.
@@ -177,26 +105,106 @@ pub async fn list_dead<'c, E: PgExecutor<'c>>(
     after: Option<TaskId>,
     limit: i64,
 ) -> Result<Vec<DeadTask>, QueueError> {
-    Ok(sqlx::query_as(
-        r#"
-        select id, tenant, task_type, payload, attempts, max_attempts, reason, last_error,
-               errors, module_sha256, created_at, died_at
-        from dead_tasks
-        where ($1::text is null or tenant = $1)
-          and ($2::text is null or task_type = $2)
-          and id > coalesce($3, 0)
-        order by id
-        limit $4
-        "#,
-    )
-    .bind(tenant)
-    .bind(task_type)
-    .bind(after)
-    .bind(limit.clamp(1, 1000))
-    .fetch_all(executor)
-    .await?)
+    Ok(sqlx::query_as(LIST_DEAD)
+        .bind(tenant)
+        .bind(task_type)
+        .bind(after)
+        .bind(limit.clamp(1, 1000))
+        .fetch_all(executor)
+        .await?)
 }
 
 fn parse_state(s: &str) -> Result<TaskState, QueueError> {
     s.parse().map_err(QueueError::Corrupt)
 }
+
+const CANCEL: &str = concat!(
+    r#"
+    with cancelled as (
+        delete from sweep.tasks
+        where id = $1 and ($2::text is null or tenant = $2)
+          and state in "#,
+    state!(waiting),
+    r#"
+        returning *
+    ),
+    moved as (
+        insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority,
+                                    attempts, max_attempts, run_at, dedup_key, last_error,
+                                    errors, module_sha256, created_at, started_at)
+        select id, tenant, task_type, payload, "#,
+    state!(cancelled),
+    r#", priority, attempts,
+               max_attempts, run_at, dedup_key, last_error, errors, module_sha256,
+               created_at, started_at
+        from cancelled
+        returning id
+    )
+    select (select id from moved),
+           coalesce((select state from sweep.tasks
+                     where id = $1 and ($2::text is null or tenant = $2)),
+                    (select state from sweep.finished_tasks
+                     where id = $1 and ($2::text is null or tenant = $2)),
+                    (select "#,
+    state!(dead),
+    r#" from sweep.dead_tasks
+                     where id = $1 and ($2::text is null or tenant = $2)))
+    "#
+);
+const REQUEUE: &str = concat!(
+    r#"
+        with revived as (
+            delete from sweep.dead_tasks
+            where id = $1 and ($2::text is null or tenant = $2)
+            returning *
+        ),
+        inserted as (
+            insert into sweep.tasks (id, tenant, task_type, payload, priority, max_attempts, dedup_key,
+                               last_error, errors, module_sha256, created_at)
+            select id, tenant, task_type, payload, priority, max_attempts, dedup_key,
+                   last_error, errors, module_sha256, created_at
+            from revived
+            returning id, tenant, task_type, run_at
+        ),
+        "#,
+    wake_queues_cte!("inserted"),
+    r#"
+        select id from inserted cross join woken_queues, lateral "#,
+    notify_tasks!(),
+    r#"
+        "#
+);
+
+const GET_TASK: &str = concat!(
+    r#"
+    select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
+           dedup_key, last_error, errors, null as result, module_sha256, created_at,
+           started_at, null as logs, null as finished_at
+    from sweep.tasks where id = $1 and ($2::text is null or tenant = $2)
+    union all
+    select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
+           dedup_key, last_error, errors, result, module_sha256, created_at, started_at,
+           logs, finished_at
+    from sweep.finished_tasks where id = $1 and ($2::text is null or tenant = $2)
+    union all
+    select id, tenant, task_type, "#,
+    state!(dead),
+    r#" as state, payload, priority, attempts,
+           max_attempts, null as run_at, dedup_key, last_error, errors, null as result,
+           module_sha256, created_at, started_at, null as logs, died_at as finished_at
+    from sweep.dead_tasks where id = $1 and ($2::text is null or tenant = $2)
+    "#
+);
+const LIST_DEAD: &str = r#"
+    select id, tenant, task_type, payload, attempts, max_attempts, reason, last_error,
+           errors, module_sha256, created_at, died_at
+    from sweep.dead_tasks
+    where ($1::text is null or tenant = $1)
+      and ($2::text is null or task_type = $2)
+      and id > coalesce($3, 0)
+    order by id
+    limit $4
+    "#;
+
+#[cfg(test)]
+pub(super) const STATEMENTS: &[(&str, &str)] = statements![CANCEL, REQUEUE, GET_TASK, LIST_DEAD];

@@ -125,8 +125,8 @@ macro_rules! module_defaults_cte {
         module_defaults as (
             select coalesce(jsonb_object_agg(a.tenant || '/' || a.task_type, m.max_attempts),
                             '{}') as by_type
-            from active_modules a
-            join modules m using (tenant, task_type, version)
+            from sweep.active_modules a
+            join sweep.modules m using (tenant, task_type, version)
             where m.max_attempts is not null
         ),"#
     };
@@ -139,46 +139,17 @@ async fn insert_plain(
     conn: &mut sqlx::PgConnection,
     c: &Columns,
 ) -> Result<Vec<Enqueued>, QueueError> {
-    let mut ids: Vec<TaskId> = sqlx::query_scalar(concat!(
-        r#"
-        with input as (
-            select nextval((select pg_get_serial_sequence('tasks', 'id')::regclass)) as id, i.*
-            from unnest($1::text[], $2::text[], $3::jsonb[], $4::int4[], $5::timestamptz[],
-                        $6::int8[], $7::int4[])
-                 as i(tenant, task_type, payload, priority, run_at, delay_ms, max_attempts)
-        ),
-        "#,
-        module_defaults_cte!(),
-        r#"
-        inserted as (
-            insert into tasks (id, tenant, task_type, payload, priority, run_at, max_attempts)
-            select input.id, input.tenant, input.task_type, input.payload, input.priority,
-                   coalesce(input.run_at, now() + input.delay_ms * interval '1 millisecond'),
-                   coalesce(input.max_attempts,
-                            (d.by_type ->> (input.tenant || '/' || input.task_type))::int4, $8)
-            from input
-            cross join module_defaults d
-            returning id, tenant, task_type, run_at
-        ),
-        woken as (
-            select count(*) from (select pg_notify('sweep_tasks', '') from inserted limit 1) n
-        ),
-        "#,
-        wake_queues_cte!("inserted"),
-        r#"
-        select id from inserted cross join woken cross join woken_queues
-        "#
-    ))
-    .bind(&c.tenants)
-    .bind(&c.task_types)
-    .bind(&c.payloads)
-    .bind(&c.priorities)
-    .bind(&c.run_ats)
-    .bind(&c.delays_ms)
-    .bind(&c.max_attempts)
-    .bind(DEFAULT_MAX_ATTEMPTS)
-    .fetch_all(conn)
-    .await?;
+    let mut ids: Vec<TaskId> = sqlx::query_scalar(INSERT_PLAIN)
+        .bind(&c.tenants)
+        .bind(&c.task_types)
+        .bind(&c.payloads)
+        .bind(&c.priorities)
+        .bind(&c.run_ats)
+        .bind(&c.delays_ms)
+        .bind(&c.max_attempts)
+        .bind(DEFAULT_MAX_ATTEMPTS)
+        .fetch_all(conn)
+        .await?;
     if ids.len() != c.tenants.len() {
         return Err(QueueError::Corrupt(format!(
             "inserted {} of {} tasks",
@@ -197,10 +168,58 @@ async fn insert(
     // Ids are drawn up front so each input row can be matched to its inserted row; rows
     // skipped by ON CONFLICT find their task among this statement's inserts (same key twice
     // in one batch) or among live tasks.
-    let rows: Vec<(Option<i64>, bool)> = sqlx::query_as(concat!(
-        r#"
+    let rows: Vec<(Option<i64>, bool)> = sqlx::query_as(INSERT_DEDUP)
+        .bind(&c.tenants)
+        .bind(&c.task_types)
+        .bind(&c.payloads)
+        .bind(&c.priorities)
+        .bind(&c.run_ats)
+        .bind(&c.delays_ms)
+        .bind(&c.max_attempts)
+        .bind(&c.dedup_keys)
+        .bind(DEFAULT_MAX_ATTEMPTS)
+        .fetch_all(conn)
+        .await?;
+    Ok(rows.into_iter().map(|(id, created)| id.map(|id| Enqueued { id, created })).collect())
+}
+
+const INSERT_PLAIN: &str = concat!(
+    r#"
+        with input as (
+            select nextval((select pg_get_serial_sequence('sweep.tasks', 'id')::regclass)) as id, i.*
+            from unnest($1::text[], $2::text[], $3::jsonb[], $4::int4[], $5::timestamptz[],
+                        $6::int8[], $7::int4[])
+                 as i(tenant, task_type, payload, priority, run_at, delay_ms, max_attempts)
+        ),
+        "#,
+    module_defaults_cte!(),
+    r#"
+        inserted as (
+            insert into sweep.tasks (id, tenant, task_type, payload, priority, run_at, max_attempts)
+            select input.id, input.tenant, input.task_type, input.payload, input.priority,
+                   coalesce(input.run_at, now() + input.delay_ms * interval '1 millisecond'),
+                   coalesce(input.max_attempts,
+                            (d.by_type ->> (input.tenant || '/' || input.task_type))::int4, $8)
+            from input
+            cross join module_defaults d
+            returning id, tenant, task_type, run_at
+        ),
+        woken as (
+            select count(*) from (select "#,
+    notify_tasks!(),
+    r#" from inserted limit 1) n
+        ),
+        "#,
+    wake_queues_cte!("inserted"),
+    r#"
+        select id from inserted cross join woken cross join woken_queues
+        "#
+);
+
+const INSERT_DEDUP: &str = concat!(
+    r#"
         with input as materialized (
-            select nextval((select pg_get_serial_sequence('tasks', 'id')::regclass)) as id, i.*
+            select nextval((select pg_get_serial_sequence('sweep.tasks', 'id')::regclass)) as id, i.*
             from unnest($1::text[], $2::text[], $3::jsonb[], $4::int4[], $5::timestamptz[],
                         $6::int8[], $7::int4[], $8::text[])
                  with ordinality
@@ -208,10 +227,10 @@ async fn insert(
                       dedup_key, ord)
         ),
         "#,
-        module_defaults_cte!(),
-        r#"
+    module_defaults_cte!(),
+    r#"
         inserted as (
-            insert into tasks (id, tenant, task_type, payload, priority, run_at, max_attempts,
+            insert into sweep.tasks (id, tenant, task_type, payload, priority, run_at, max_attempts,
                                dedup_key)
             select input.id, input.tenant, input.task_type, input.payload, input.priority,
                    coalesce(input.run_at, now() + input.delay_ms * interval '1 millisecond'),
@@ -222,16 +241,20 @@ async fn insert(
             cross join module_defaults d
             order by input.ord
             on conflict (tenant, dedup_key)
-                where dedup_key is not null and state in ('pending', 'running', 'retrying')
+                where dedup_key is not null and state in "#,
+    state!(live),
+    r#"
                 do nothing
             returning id, tenant, task_type, run_at, dedup_key
         ),
         woken as (
-            select count(*) from (select pg_notify('sweep_tasks', '') from inserted limit 1) n
+            select count(*) from (select "#,
+    notify_tasks!(),
+    r#" from inserted limit 1) n
         ),
         "#,
-        wake_queues_cte!("inserted"),
-        r#"
+    wake_queues_cte!("inserted"),
+    r#"
         select coalesce(mine.id, sibling.id, live.id) as id, mine.id is not null as created
         from input
         cross join woken
@@ -243,25 +266,16 @@ async fn insert(
             limit 1
         ) sibling on true
         left join lateral (
-            select t.id from tasks t
+            select t.id from sweep.tasks t
             where mine.id is null and sibling.id is null
               and t.tenant = input.tenant and t.dedup_key = input.dedup_key
-              and t.state in ('pending', 'running', 'retrying')
+              and t.state in "#,
+    state!(live),
+    r#"
             limit 1
         ) live on true
         order by input.ord
         "#
-    ))
-    .bind(&c.tenants)
-    .bind(&c.task_types)
-    .bind(&c.payloads)
-    .bind(&c.priorities)
-    .bind(&c.run_ats)
-    .bind(&c.delays_ms)
-    .bind(&c.max_attempts)
-    .bind(&c.dedup_keys)
-    .bind(DEFAULT_MAX_ATTEMPTS)
-    .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().map(|(id, created)| id.map(|id| Enqueued { id, created })).collect())
-}
+);
+#[cfg(test)]
+pub(super) const STATEMENTS: &[(&str, &str)] = statements![INSERT_PLAIN, INSERT_DEDUP];

@@ -1,6 +1,6 @@
 //! Errors of the queue layer: invalid input (rejected before any write) and database failures.
 
-use super::TaskState;
+use super::{TaskId, TaskState};
 
 /// Why a task could not be enqueued. Nothing was written.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -40,7 +40,9 @@ pub enum QueueError {
     #[error(transparent)]
     Invalid(#[from] InvalidTask),
     #[error("task {0} not found")]
-    NotFound(i64),
+    TaskNotFound(TaskId),
+    #[error("task_type {task_type:?} has no version {version}")]
+    ModuleVersionNotFound { task_type: String, version: i32 },
     #[error("task {id} is {state} and cannot be cancelled")]
     NotCancellable { id: i64, state: TaskState },
     #[error("task {id} cannot be requeued: another live task holds its dedup_key")]

@@ -12,7 +12,8 @@ use sqlx::{Acquire, PgExecutor, Postgres};
 use uuid::Uuid;
 
 use super::{
-    fail_batch, sql_count, sql_millis, Failure, FailureReport, QueueError, RetryPolicy, TaskId,
+    fail_batch, sql_count, sql_millis, Failure, FailureKind, FailureReport, QueueError,
+    RetryPolicy, TaskId,
 };
 
 /// A running task whose lease expired, now taken over by the reaper.
@@ -25,7 +26,7 @@ pub struct RescuedTask {
 }
 
 /// Rescues up to `limit` tasks whose lease expired: each becomes a failed attempt of kind
-/// `lease_expired` (retrying with the task type's backoff, or dead when out of attempts).
+/// [`FailureKind::LeaseExpired`] (retrying with the task type's backoff, or dead when out of attempts).
 ///
 /// Two steps, each fenced: the reaper first takes the expired lease over (so two reapers
 /// never rescue the same task, and a crash between the steps only leaves a lease that expires
@@ -60,7 +61,7 @@ fn rescued_failures(
         .map(|t| Failure {
             id: t.id,
             attempt: t.attempt,
-            kind: "lease_expired".into(),
+            kind: FailureKind::LeaseExpired,
             message: format!(
                 "lease expired: runner {} stopped heartbeating during attempt {}",
                 t.previous_owner, t.attempt
@@ -79,28 +80,11 @@ async fn take_over_expired<'c, E: PgExecutor<'c>>(
     reaper: Uuid,
     limit: usize,
 ) -> Result<Vec<RescuedTask>, QueueError> {
-    let rows: Vec<(TaskId, String, i32, Uuid)> = sqlx::query_as(
-        r#"
-        with expired as (
-            select ctid, lease_owner from tasks
-            where state = 'running' and lease_expires_at < now()
-            order by lease_expires_at
-            limit $2
-            for update skip locked
-        )
-        update tasks t
-        set lease_owner = $1, lease_expires_at = now() + interval '1 minute', updated_at = now()
-        from expired
-        -- A TID scan: a version newer than this statement's snapshot (renewed or reported
-        -- meanwhile, so no longer expired anyway) is not found and simply not taken over.
-        where t.ctid = expired.ctid
-        returning t.id, t.task_type, t.attempts, expired.lease_owner
-        "#,
-    )
-    .bind(reaper)
-    .bind(sql_count(limit))
-    .fetch_all(executor)
-    .await?;
+    let rows: Vec<(TaskId, String, i32, Uuid)> = sqlx::query_as(TAKE_OVER_EXPIRED)
+        .bind(reaper)
+        .bind(sql_count(limit))
+        .fetch_all(executor)
+        .await?;
     Ok(rows
         .into_iter()
         .map(|(id, task_type, attempt, previous_owner)| RescuedTask {
@@ -119,22 +103,11 @@ pub async fn delete_finished<'c, E: PgExecutor<'c>>(
     older_than: Duration,
     batch: usize,
 ) -> Result<u64, QueueError> {
-    let done = sqlx::query(
-        r#"
-        with doomed as (
-            select id from finished_tasks
-            where finished_at < now() - $1 * interval '1 millisecond'
-            order by finished_at
-            limit $2
-            for update skip locked
-        )
-        delete from finished_tasks f using doomed where f.id = doomed.id
-        "#,
-    )
-    .bind(sql_millis(older_than))
-    .bind(sql_count(batch))
-    .execute(executor)
-    .await?;
+    let done = sqlx::query(DELETE_FINISHED)
+        .bind(sql_millis(older_than))
+        .bind(sql_count(batch))
+        .execute(executor)
+        .await?;
     Ok(done.rows_affected())
 }
 
@@ -143,7 +116,7 @@ pub async fn delete_finished<'c, E: PgExecutor<'c>>(
 /// index entries of tasks that already ran, which every claim would otherwise walk past at
 /// the head of `tasks_claim`.
 pub async fn vacuum_live<'c, E: PgExecutor<'c>>(executor: E) -> Result<(), QueueError> {
-    sqlx::query(r#"vacuum (skip_locked) tasks"#).execute(executor).await?;
+    sqlx::query(VACUUM_LIVE).execute(executor).await?;
     Ok(())
 }
 
@@ -152,12 +125,7 @@ pub async fn prune_runners<'c, E: PgExecutor<'c>>(
     executor: E,
     silent_for: Duration,
 ) -> Result<u64, QueueError> {
-    let done = sqlx::query(
-        r#"delete from runners where last_heartbeat_at < now() - $1 * interval '1 millisecond'"#,
-    )
-    .bind(sql_millis(silent_for))
-    .execute(executor)
-    .await?;
+    let done = sqlx::query(PRUNE_RUNNERS).bind(sql_millis(silent_for)).execute(executor).await?;
     Ok(done.rows_affected())
 }
 
@@ -169,29 +137,67 @@ pub async fn prune_runners<'c, E: PgExecutor<'c>>(
 pub async fn repair_queue_hints<'c, E: PgExecutor<'c>>(executor: E) -> Result<u64, QueueError> {
     // Found without locks, then corrected under FOR UPDATE SKIP LOCKED with a fresh look taken
     // after the lock, the same protocol as the claim's (see 0009_fair_share.sql).
-    let done = sqlx::query(
-        r#"
-        with wrong as (
-            select q.tenant, q.task_type from queues q
-            where (q.next_run_at is null or q.next_run_at > now())
-              and q.next_run_at is distinct from
-                  sweep_queue_next_run_at(q.tenant, q.task_type, '{}')
-        ),
-        locked as (
-            select q.ctid, q.tenant, q.task_type from queues q
-            join wrong w on w.tenant = q.tenant and w.task_type = q.task_type
-            order by q.tenant, q.task_type
-            for update of q skip locked
-        )
-        update queues q set next_run_at = fresh.next_run_at
-        from locked l
-        cross join lateral (
-            select sweep_queue_next_run_at(l.tenant, l.task_type, '{}') as next_run_at
-        ) fresh
-        where q.ctid = l.ctid
-        "#,
-    )
-    .execute(executor)
-    .await?;
+    let done = sqlx::query(REPAIR_HINTS).execute(executor).await?;
     Ok(done.rows_affected())
 }
+
+const TAKE_OVER_EXPIRED: &str = concat!(
+    r#"
+    with expired as (
+        select ctid, lease_owner from sweep.tasks
+        where state = "#,
+    state!(running),
+    r#" and lease_expires_at < now()
+        order by lease_expires_at
+        limit $2
+        for update skip locked
+    )
+    update sweep.tasks t
+    set lease_owner = $1, lease_expires_at = now() + interval '1 minute', updated_at = now()
+    from expired
+    -- A TID scan: a version newer than this statement's snapshot (renewed or reported
+    -- meanwhile, so no longer expired anyway) is not found and simply not taken over.
+    where t.ctid = expired.ctid
+    returning t.id, t.task_type, t.attempts, expired.lease_owner
+    "#
+);
+const DELETE_FINISHED: &str = r#"
+    with doomed as (
+        select id from sweep.finished_tasks
+        where finished_at < now() - $1 * interval '1 millisecond'
+        order by finished_at
+        limit $2
+        for update skip locked
+    )
+    delete from sweep.finished_tasks f using doomed where f.id = doomed.id
+    "#;
+
+const VACUUM_LIVE: &str = r#"vacuum (skip_locked) sweep.tasks"#;
+
+const PRUNE_RUNNERS: &str =
+    r#"delete from sweep.runners where last_heartbeat_at < now() - $1 * interval '1 millisecond'"#;
+
+const REPAIR_HINTS: &str = r#"
+    with wrong as (
+        select q.tenant, q.task_type from sweep.queues q
+        where (q.next_run_at is null or q.next_run_at > now())
+          and q.next_run_at is distinct from
+              sweep.sweep_queue_next_run_at(q.tenant, q.task_type, '{}')
+    ),
+    locked as (
+        select q.ctid, q.tenant, q.task_type from sweep.queues q
+        join wrong w on w.tenant = q.tenant and w.task_type = q.task_type
+        order by q.tenant, q.task_type
+        for update of q skip locked
+    )
+    update sweep.queues q set next_run_at = fresh.next_run_at
+    from locked l
+    cross join lateral (
+        select sweep.sweep_queue_next_run_at(l.tenant, l.task_type, '{}') as next_run_at
+    ) fresh
+    where q.ctid = l.ctid
+    "#;
+
+#[cfg(test)]
+pub(super) const STATEMENTS: &[(&str, &str)] =
+    statements![TAKE_OVER_EXPIRED, DELETE_FINISHED, VACUUM_LIVE, PRUNE_RUNNERS, REPAIR_HINTS];

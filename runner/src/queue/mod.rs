@@ -12,9 +12,35 @@
 //!   as lost, never overwritten;
 //! - `tasks` holds only live work: a task that finishes moves to `finished_tasks`, one that
 //!   dies to `dead_tasks`, in the statement that ends it;
-//! - runner statements are planned once per connection (see `connect`), so each is written
-//!   to leave the planner one sane plan: index or TID lookups, no joins against `tasks`;
+//! - every table and function is named with its schema (`sweep.`, see [`Store`]), every
+//!   state and failure kind comes from the vocabulary ([`TaskState`], [`FailureKind`]), and every statement is a named
+//!   const listed in its module's `STATEMENTS`, which a test prepares against the schema;
+//! - runner statements are written to leave the planner one sane plan however the tables
+//!   looked when it was made: index or TID lookups, no joins against `tasks`;
 //! - bad input is rejected before anything is written ([`InvalidTask`]).
+
+/// The name of a list of statement consts with the statements: `(name, sql)` pairs, which the
+/// statement check (`statements_tests.rs`) prepares against the schema.
+#[cfg(test)]
+macro_rules! statements {
+    ($($name:ident),* $(,)?) => {
+        &[$((stringify!($name), $name)),*]
+    };
+}
+
+/// The channel that wakes runners, as a string literal.
+macro_rules! notify_channel {
+    () => {
+        "sweep_tasks"
+    };
+}
+
+/// The SQL call that wakes runners: one per statement that makes tasks due.
+macro_rules! notify_tasks {
+    () => {
+        concat!("pg_notify('", notify_channel!(), "', '')")
+    };
+}
 
 /// A CTE, `woken_queues`, that makes every queue of the rows in CTE `$rows` (which returns
 /// `tenant, task_type, run_at`) findable by claims: see `sweep_wake_queues` in
@@ -24,7 +50,7 @@ macro_rules! wake_queues_cte {
     ($rows:literal) => {
         concat!(
             "woken_queues as (
-                select sweep_wake_queues(w.tenants, w.task_types, w.run_ats)
+                select sweep.sweep_wake_queues(w.tenants, w.task_types, w.run_ats)
                 from (
                     select array_agg(tenant) as tenants, array_agg(task_type) as task_types,
                            array_agg(run_at) as run_ats
@@ -37,10 +63,11 @@ macro_rules! wake_queues_cte {
     };
 }
 
-pub mod bench_support;
+#[macro_use]
+mod vocab;
+
 mod claim;
 mod complete;
-mod connect;
 mod dead;
 mod enqueue;
 mod error;
@@ -49,13 +76,15 @@ mod modules;
 mod notify;
 mod retry;
 mod runners;
+#[cfg(test)]
+mod statements_tests;
 mod stats;
+mod store;
 mod tenants;
 mod types;
 
 pub use claim::{claim, claim_batch, heartbeat_leases, release_batch, ClaimMode};
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
-pub use connect::{connect, migrate, migrations_done, ConnectError};
 pub use dead::{cancel, get_task, list_dead, requeue, DeadTask, TaskView};
 pub use enqueue::{enqueue, enqueue_many, Enqueued};
 pub use error::{InvalidTask, QueueError};
@@ -70,21 +99,39 @@ pub use notify::{Wakeups, NOTIFY_CHANNEL};
 pub use retry::{RetryPolicy, RetryPolicyError};
 pub use runners::{deregister_runner, list_runners, register_runner, RunnerInfo};
 pub use stats::{queue_stats, TypeStats};
+pub use store::{check_schema, migrate, migrate_with, Migrated, Role, Store, StoreError, SCHEMA};
 pub use tenants::{
     create_tenant, get_tenant, list_tenants, missing_modules, set_tenant_caps, set_tenant_weight,
     tenant_by_token, Tenant, TenantCaps, TenantError, MAX_WEIGHT,
 };
 pub use types::{
     validate_task_type, validate_tenant, ActiveModule, ClaimedTask, NewTask, Schedule, TaskId,
-    TaskState, DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_MAX_ATTEMPTS,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_MAX_ATTEMPTS,
 };
+pub use vocab::{FailureKind, TaskState};
 
 /// The migrations in `migrations/`, embedded at build time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
-/// States from which a task can still run: `dedup_key` is unique among these.
-pub const LIVE_STATES: [TaskState; 3] =
-    [TaskState::Pending, TaskState::Running, TaskState::Retrying];
+/// Every statement of the store, by module, for the statement check.
+#[cfg(test)]
+pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)> {
+    [
+        claim::STATEMENTS,
+        complete::STATEMENTS,
+        dead::STATEMENTS,
+        enqueue::STATEMENTS,
+        maintenance::STATEMENTS,
+        modules::STATEMENTS,
+        runners::STATEMENTS,
+        stats::STATEMENTS,
+        store::STATEMENTS,
+        tenants::STATEMENTS,
+    ]
+    .into_iter()
+    .flatten()
+    .copied()
+}
 
 /// A duration as whole milliseconds for SQL (`$n * interval '1 millisecond'`), saturating.
 pub(crate) fn sql_millis(d: std::time::Duration) -> i64 {

@@ -84,97 +84,33 @@ async fn insert_version<'c, E: PgExecutor<'c>>(
     bytes: &[u8],
     s: &ModuleSettings,
 ) -> Result<(i32, bool), sqlx::Error> {
-    sqlx::query_as(
-        r#"
-        with existing as (
-            select version from modules
-            where tenant = $1 and task_type = $2 and sha256 = $3
-              and fuel is not distinct from $5 and timeout_ms is not distinct from $6
-              and memory_bytes is not distinct from $7 and max_attempts is not distinct from $8
-              and backoff_base_ms is not distinct from $9 and backoff_cap_ms is not distinct from $10
-              and max_running is not distinct from $11
-        ),
-        created as (
-            insert into modules (tenant, task_type, version, sha256, bytes, fuel, timeout_ms,
-                                 memory_bytes, max_attempts, backoff_base_ms, backoff_cap_ms,
-                                 max_running)
-            select $1, $2,
-                   coalesce((select max(version) from modules where tenant = $1 and task_type = $2), 0) + 1,
-                   $3, $4, $5, $6, $7, $8, $9, $10, $11
-            where not exists (select 1 from existing)
-            returning version
-        ),
-        chosen as (
-            select version, true as created from created
-            union all
-            select version, false from existing
-        ),
-        activated as (
-            insert into active_modules (tenant, task_type, version)
-            select $1, $2, version from chosen
-            on conflict (tenant, task_type)
-                do update set version = excluded.version, activated_at = now()
-        ),
-        -- The claim reads the active version's running limit from the queue row.
-        queued as (
-            insert into queues (tenant, task_type, weight, max_running)
-            select $1, $2, coalesce((select weight from tenants where name = $1), 1), $11
-            on conflict (tenant, task_type) do update set max_running = excluded.max_running
-        )
-        select version, created from chosen
-        "#,
-    )
-    .bind(tenant)
-    .bind(task_type)
-    .bind(sha256)
-    .bind(bytes)
-    .bind(s.fuel)
-    .bind(s.timeout_ms)
-    .bind(s.memory_bytes)
-    .bind(s.max_attempts)
-    .bind(s.backoff_base_ms)
-    .bind(s.backoff_cap_ms)
-    .bind(s.max_running)
-    .fetch_one(executor)
-    .await
+    sqlx::query_as(INSERT_VERSION)
+        .bind(tenant)
+        .bind(task_type)
+        .bind(sha256)
+        .bind(bytes)
+        .bind(s.fuel)
+        .bind(s.timeout_ms)
+        .bind(s.memory_bytes)
+        .bind(s.max_attempts)
+        .bind(s.backoff_base_ms)
+        .bind(s.backoff_cap_ms)
+        .bind(s.max_running)
+        .fetch_one(executor)
+        .await
 }
 
-/// Makes `version` the active handler. `NotFound` when no such version exists.
+/// Makes `version` the active handler. `ModuleVersionNotFound` when no such version exists.
 pub async fn activate_version<'c, E: PgExecutor<'c>>(
     executor: E,
     tenant: &str,
     task_type: &str,
     version: i32,
 ) -> Result<(), QueueError> {
-    let done = sqlx::query(
-        r#"
-        with activated as (
-            insert into active_modules (tenant, task_type, version)
-            select tenant, task_type, version from modules
-            where tenant = $1 and task_type = $2 and version = $3
-            on conflict (tenant, task_type)
-                do update set version = excluded.version, activated_at = now()
-            returning version
-        ),
-        -- The claim reads the active version's running limit from the queue row.
-        queued as (
-            insert into queues (tenant, task_type, weight, max_running)
-            select m.tenant, m.task_type,
-                   coalesce((select weight from tenants where name = $1), 1), m.max_running
-            from modules m
-            where m.tenant = $1 and m.task_type = $2 and m.version = (select version from activated)
-            on conflict (tenant, task_type) do update set max_running = excluded.max_running
-        )
-        select version from activated
-        "#,
-    )
-    .bind(tenant)
-    .bind(task_type)
-    .bind(version)
-    .execute(executor)
-    .await?;
+    let done =
+        sqlx::query(ACTIVATE).bind(tenant).bind(task_type).bind(version).execute(executor).await?;
     if done.rows_affected() == 0 {
-        return Err(QueueError::NotFound(version.into()));
+        return Err(QueueError::ModuleVersionNotFound { task_type: task_type.to_owned(), version });
     }
     Ok(())
 }
@@ -187,25 +123,12 @@ pub async fn list_versions<'c, E: PgExecutor<'c>>(
     task_type: Option<&str>,
     active_only: bool,
 ) -> Result<Vec<ModuleVersion>, QueueError> {
-    Ok(sqlx::query_as(
-        r#"
-        select m.tenant, m.task_type, m.version, m.sha256, length(m.bytes)::int8 as size,
-               m.fuel, m.timeout_ms, m.memory_bytes, m.max_attempts, m.backoff_base_ms,
-               m.backoff_cap_ms, m.max_running, a.version is not null as active, m.created_at
-        from modules m
-        left join active_modules a
-               on a.tenant = m.tenant and a.task_type = m.task_type and a.version = m.version
-        where ($1::text is null or m.tenant = $1)
-          and ($2::text is null or m.task_type = $2)
-          and (not $3 or a.version is not null)
-        order by m.tenant, m.task_type, m.version desc
-        "#,
-    )
-    .bind(tenant)
-    .bind(task_type)
-    .bind(active_only)
-    .fetch_all(executor)
-    .await?)
+    Ok(sqlx::query_as(LIST_VERSIONS)
+        .bind(tenant)
+        .bind(task_type)
+        .bind(active_only)
+        .fetch_all(executor)
+        .await?)
 }
 
 async fn get_version<'c, E: PgExecutor<'c>>(
@@ -218,7 +141,10 @@ async fn get_version<'c, E: PgExecutor<'c>>(
         .await?
         .into_iter()
         .find(|m| m.version == version)
-        .ok_or(QueueError::NotFound(version.into()))
+        .ok_or_else(|| QueueError::ModuleVersionNotFound {
+            task_type: task_type.to_owned(),
+            version,
+        })
 }
 
 /// The bytes of the module with this sha256 (any tenant's copy: equal hashes, equal bytes).
@@ -226,8 +152,84 @@ pub async fn module_bytes<'c, E: PgExecutor<'c>>(
     executor: E,
     sha256: &str,
 ) -> Result<Option<Vec<u8>>, QueueError> {
-    Ok(sqlx::query_scalar(r#"select bytes from modules where sha256 = $1 limit 1"#)
-        .bind(sha256)
-        .fetch_optional(executor)
-        .await?)
+    Ok(sqlx::query_scalar(MODULE_BYTES).bind(sha256).fetch_optional(executor).await?)
 }
+
+const INSERT_VERSION: &str = r#"
+    with existing as (
+        select version from sweep.modules
+        where tenant = $1 and task_type = $2 and sha256 = $3
+          and fuel is not distinct from $5 and timeout_ms is not distinct from $6
+          and memory_bytes is not distinct from $7 and max_attempts is not distinct from $8
+          and backoff_base_ms is not distinct from $9 and backoff_cap_ms is not distinct from $10
+          and max_running is not distinct from $11
+    ),
+    created as (
+        insert into sweep.modules (tenant, task_type, version, sha256, bytes, fuel, timeout_ms,
+                             memory_bytes, max_attempts, backoff_base_ms, backoff_cap_ms,
+                             max_running)
+        select $1, $2,
+               coalesce((select max(version) from sweep.modules where tenant = $1 and task_type = $2), 0) + 1,
+               $3, $4, $5, $6, $7, $8, $9, $10, $11
+        where not exists (select 1 from existing)
+        returning version
+    ),
+    chosen as (
+        select version, true as created from created
+        union all
+        select version, false from existing
+    ),
+    activated as (
+        insert into sweep.active_modules (tenant, task_type, version)
+        select $1, $2, version from chosen
+        on conflict (tenant, task_type)
+            do update set version = excluded.version, activated_at = now()
+    ),
+    -- The claim reads the active version's running limit from the queue row.
+    queued as (
+        insert into sweep.queues (tenant, task_type, weight, max_running)
+        select $1, $2, coalesce((select weight from sweep.tenants where name = $1), 1), $11
+        on conflict (tenant, task_type) do update set max_running = excluded.max_running
+    )
+    select version, created from chosen
+    "#;
+
+const ACTIVATE: &str = r#"
+    with activated as (
+        insert into sweep.active_modules (tenant, task_type, version)
+        select tenant, task_type, version from sweep.modules
+        where tenant = $1 and task_type = $2 and version = $3
+        on conflict (tenant, task_type)
+            do update set version = excluded.version, activated_at = now()
+        returning version
+    ),
+    -- The claim reads the active version's running limit from the queue row.
+    queued as (
+        insert into sweep.queues (tenant, task_type, weight, max_running)
+        select m.tenant, m.task_type,
+               coalesce((select weight from sweep.tenants where name = $1), 1), m.max_running
+        from sweep.modules m
+        where m.tenant = $1 and m.task_type = $2 and m.version = (select version from activated)
+        on conflict (tenant, task_type) do update set max_running = excluded.max_running
+    )
+    select version from activated
+    "#;
+
+const LIST_VERSIONS: &str = r#"
+    select m.tenant, m.task_type, m.version, m.sha256, length(m.bytes)::int8 as size,
+           m.fuel, m.timeout_ms, m.memory_bytes, m.max_attempts, m.backoff_base_ms,
+           m.backoff_cap_ms, m.max_running, a.version is not null as active, m.created_at
+    from sweep.modules m
+    left join sweep.active_modules a
+           on a.tenant = m.tenant and a.task_type = m.task_type and a.version = m.version
+    where ($1::text is null or m.tenant = $1)
+      and ($2::text is null or m.task_type = $2)
+      and (not $3 or a.version is not null)
+    order by m.tenant, m.task_type, m.version desc
+    "#;
+
+const MODULE_BYTES: &str = r#"select bytes from sweep.modules where sha256 = $1 limit 1"#;
+
+#[cfg(test)]
+pub(super) const STATEMENTS: &[(&str, &str)] =
+    statements![INSERT_VERSION, ACTIVATE, LIST_VERSIONS, MODULE_BYTES];

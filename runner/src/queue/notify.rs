@@ -1,4 +1,4 @@
-//! Wake-ups: enqueue statements `NOTIFY sweep_tasks` once per statement (see `enqueue.rs`);
+//! Wake-ups: enqueue statements notify [`NOTIFY_CHANNEL`] once per statement (see `enqueue.rs`);
 //! a runner LISTENs and wakes its claim loop within milliseconds, with a poll interval as the
 //! backstop for anything a notification misses (a reconnect, a task whose `run_at` arrives).
 //!
@@ -12,7 +12,8 @@ use tokio::{sync::Notify, task::JoinHandle};
 
 use super::QueueError;
 
-pub const NOTIFY_CHANNEL: &str = "sweep_tasks";
+/// The channel enqueues notify and runners listen on (see [`notify_tasks!`]).
+pub const NOTIFY_CHANNEL: &str = notify_channel!();
 
 /// A LISTEN connection feeding a [`Notify`]. Dropping it stops the listener task.
 #[derive(Debug)]

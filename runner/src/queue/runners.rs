@@ -23,17 +23,12 @@ pub async fn register_runner<'c, E: PgExecutor<'c>>(
     host: &str,
     pid: u32,
 ) -> Result<(), QueueError> {
-    sqlx::query(
-        r#"
-        insert into runners (id, host, pid) values ($1, $2, $3)
-        on conflict (id) do update set last_heartbeat_at = now()
-        "#,
-    )
-    .bind(id)
-    .bind(host)
-    .bind(i32::try_from(pid).unwrap_or(i32::MAX))
-    .execute(executor)
-    .await?;
+    sqlx::query(REGISTER)
+        .bind(id)
+        .bind(host)
+        .bind(i32::try_from(pid).unwrap_or(i32::MAX))
+        .execute(executor)
+        .await?;
     Ok(())
 }
 
@@ -41,16 +36,25 @@ pub async fn deregister_runner<'c, E: PgExecutor<'c>>(
     executor: E,
     id: Uuid,
 ) -> Result<(), QueueError> {
-    sqlx::query(r#"delete from runners where id = $1"#).bind(id).execute(executor).await?;
+    sqlx::query(DEREGISTER).bind(id).execute(executor).await?;
     Ok(())
 }
 
 pub async fn list_runners<'c, E: PgExecutor<'c>>(
     executor: E,
 ) -> Result<Vec<RunnerInfo>, QueueError> {
-    Ok(sqlx::query_as(
-        r#"select id, host, pid, started_at, last_heartbeat_at from runners order by started_at"#,
-    )
-    .fetch_all(executor)
-    .await?)
+    Ok(sqlx::query_as(LIST_RUNNERS).fetch_all(executor).await?)
 }
+
+const REGISTER: &str = r#"
+    insert into sweep.runners (id, host, pid) values ($1, $2, $3)
+    on conflict (id) do update set last_heartbeat_at = now()
+    "#;
+
+const DEREGISTER: &str = r#"delete from sweep.runners where id = $1"#;
+
+const LIST_RUNNERS: &str =
+    r#"select id, host, pid, started_at, last_heartbeat_at from sweep.runners order by started_at"#;
+
+#[cfg(test)]
+pub(super) const STATEMENTS: &[(&str, &str)] = statements![REGISTER, DEREGISTER, LIST_RUNNERS];

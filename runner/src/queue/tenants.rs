@@ -106,31 +106,23 @@ pub async fn create_tenant<'c, E: PgExecutor<'c>>(
     if !is_sha256_hex(token_sha256) {
         return Err(TenantError::BadTokenHash);
     }
-    sqlx::query_as(
-        r#"
-        insert into tenants (name, token_sha256, max_module_bytes, max_fuel, max_timeout_ms,
-                             max_memory_bytes, max_running)
-        values ($1, $2, $3, $4, $5, $6, $7)
-        returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
-                  max_memory_bytes, max_running, created_at
-        "#,
-    )
-    .bind(name)
-    .bind(token_sha256)
-    .bind(caps.max_module_bytes)
-    .bind(caps.max_fuel)
-    .bind(caps.max_timeout_ms)
-    .bind(caps.max_memory_bytes)
-    .bind(caps.max_running)
-    .fetch_one(executor)
-    .await
-    .map_err(|e| {
-        if is_unique_violation(&e, "tenants_pkey") {
-            TenantError::Exists(name.to_owned())
-        } else {
-            e.into()
-        }
-    })
+    sqlx::query_as(CREATE_TENANT)
+        .bind(name)
+        .bind(token_sha256)
+        .bind(caps.max_module_bytes)
+        .bind(caps.max_fuel)
+        .bind(caps.max_timeout_ms)
+        .bind(caps.max_memory_bytes)
+        .bind(caps.max_running)
+        .fetch_one(executor)
+        .await
+        .map_err(|e| {
+            if is_unique_violation(&e, "tenants_pkey") {
+                TenantError::Exists(name.to_owned())
+            } else {
+                e.into()
+            }
+        })
 }
 
 /// Replaces tenant `name`'s caps. A lowered `max_running` applies from the next claim (tasks
@@ -141,24 +133,15 @@ pub async fn set_tenant_caps<'c, E: PgExecutor<'c>>(
     caps: &TenantCaps,
 ) -> Result<Tenant, TenantError> {
     caps.validate()?;
-    let row: Option<Tenant> = sqlx::query_as(
-        r#"
-        update tenants
-        set max_module_bytes = $2, max_fuel = $3, max_timeout_ms = $4, max_memory_bytes = $5,
-            max_running = $6
-        where name = $1
-        returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
-                  max_memory_bytes, max_running, created_at
-        "#,
-    )
-    .bind(name)
-    .bind(caps.max_module_bytes)
-    .bind(caps.max_fuel)
-    .bind(caps.max_timeout_ms)
-    .bind(caps.max_memory_bytes)
-    .bind(caps.max_running)
-    .fetch_optional(executor)
-    .await?;
+    let row: Option<Tenant> = sqlx::query_as(SET_CAPS)
+        .bind(name)
+        .bind(caps.max_module_bytes)
+        .bind(caps.max_fuel)
+        .bind(caps.max_timeout_ms)
+        .bind(caps.max_memory_bytes)
+        .bind(caps.max_running)
+        .fetch_optional(executor)
+        .await?;
     row.ok_or_else(|| TenantError::NotFound(name.to_owned()))
 }
 
@@ -176,23 +159,8 @@ pub async fn set_tenant_weight<'c, E: PgExecutor<'c>>(
         return Err(TenantError::BadWeight { weight, max: MAX_WEIGHT });
     }
     // The claim reads each queue's copy of the weight (one table, no join).
-    let row: Option<Tenant> = sqlx::query_as(
-        r#"
-        with changed as (
-            update tenants set weight = $2 where name = $1
-            returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
-                      max_memory_bytes, max_running, created_at
-        ),
-        copied as (
-            update queues set weight = $2 where tenant = (select name from changed)
-        )
-        select * from changed
-        "#,
-    )
-    .bind(name)
-    .bind(weight)
-    .fetch_optional(executor)
-    .await?;
+    let row: Option<Tenant> =
+        sqlx::query_as(SET_WEIGHT).bind(name).bind(weight).fetch_optional(executor).await?;
     row.ok_or_else(|| TenantError::NotFound(name.to_owned()))
 }
 
@@ -201,45 +169,19 @@ pub async fn tenant_by_token<'c, E: PgExecutor<'c>>(
     executor: E,
     token_sha256: &str,
 ) -> Result<Option<Tenant>, QueueError> {
-    Ok(sqlx::query_as(
-        r#"
-        select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
-               max_running, created_at
-        from tenants where token_sha256 = $1
-        "#,
-    )
-    .bind(token_sha256)
-    .fetch_optional(executor)
-    .await?)
+    Ok(sqlx::query_as(BY_TOKEN).bind(token_sha256).fetch_optional(executor).await?)
 }
 
 pub async fn get_tenant<'c, E: PgExecutor<'c>>(
     executor: E,
     name: &str,
 ) -> Result<Option<Tenant>, QueueError> {
-    Ok(sqlx::query_as(
-        r#"
-        select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
-               max_running, created_at
-        from tenants where name = $1
-        "#,
-    )
-    .bind(name)
-    .fetch_optional(executor)
-    .await?)
+    Ok(sqlx::query_as(GET_TENANT).bind(name).fetch_optional(executor).await?)
 }
 
 /// Every tenant, by name.
 pub async fn list_tenants<'c, E: PgExecutor<'c>>(executor: E) -> Result<Vec<Tenant>, QueueError> {
-    Ok(sqlx::query_as(
-        r#"
-        select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
-               max_running, created_at
-        from tenants order by name
-        "#,
-    )
-    .fetch_all(executor)
-    .await?)
+    Ok(sqlx::query_as(LIST_TENANTS).fetch_all(executor).await?)
 }
 
 /// Those of `task_types` for which `tenant` has no active module, in input order, without
@@ -249,19 +191,77 @@ pub async fn missing_modules<'c, E: PgExecutor<'c>>(
     tenant: &str,
     task_types: &[String],
 ) -> Result<Vec<String>, QueueError> {
-    Ok(sqlx::query_scalar(
-        r#"
-        select t.task_type
-        from unnest($2::text[]) with ordinality as t(task_type, ord)
-        where not exists (
-            select 1 from active_modules a where a.tenant = $1 and a.task_type = t.task_type
-        )
-        group by t.task_type
-        order by min(t.ord)
-        "#,
-    )
-    .bind(tenant)
-    .bind(task_types)
-    .fetch_all(executor)
-    .await?)
+    Ok(sqlx::query_scalar(MISSING_MODULES)
+        .bind(tenant)
+        .bind(task_types)
+        .fetch_all(executor)
+        .await?)
 }
+
+const CREATE_TENANT: &str = r#"
+    insert into sweep.tenants (name, token_sha256, max_module_bytes, max_fuel, max_timeout_ms,
+                         max_memory_bytes, max_running)
+    values ($1, $2, $3, $4, $5, $6, $7)
+    returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
+              max_memory_bytes, max_running, created_at
+    "#;
+
+const SET_CAPS: &str = r#"
+    update sweep.tenants
+    set max_module_bytes = $2, max_fuel = $3, max_timeout_ms = $4, max_memory_bytes = $5,
+        max_running = $6
+    where name = $1
+    returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
+              max_memory_bytes, max_running, created_at
+    "#;
+
+const SET_WEIGHT: &str = r#"
+    with changed as (
+        update sweep.tenants set weight = $2 where name = $1
+        returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
+                  max_memory_bytes, max_running, created_at
+    ),
+    copied as (
+        update sweep.queues set weight = $2 where tenant = (select name from changed)
+    )
+    select * from changed
+    "#;
+
+const BY_TOKEN: &str = r#"
+    select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
+           max_running, created_at
+    from sweep.tenants where token_sha256 = $1
+    "#;
+
+const GET_TENANT: &str = r#"
+    select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
+           max_running, created_at
+    from sweep.tenants where name = $1
+    "#;
+
+const LIST_TENANTS: &str = r#"
+    select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
+           max_running, created_at
+    from sweep.tenants order by name
+    "#;
+
+const MISSING_MODULES: &str = r#"
+    select t.task_type
+    from unnest($2::text[]) with ordinality as t(task_type, ord)
+    where not exists (
+        select 1 from sweep.active_modules a where a.tenant = $1 and a.task_type = t.task_type
+    )
+    group by t.task_type
+    order by min(t.ord)
+    "#;
+
+#[cfg(test)]
+pub(super) const STATEMENTS: &[(&str, &str)] = statements![
+    CREATE_TENANT,
+    SET_CAPS,
+    SET_WEIGHT,
+    BY_TOKEN,
+    GET_TENANT,
+    LIST_TENANTS,
+    MISSING_MODULES
+];

@@ -1,10 +1,9 @@
-//! Plain data the queue takes and gives: new tasks (validated before any write), claimed tasks
-//! and the task states.
+//! Plain data the queue takes and gives: new tasks (validated before any write) and claimed
+//! tasks.
 
-use std::{fmt, str::FromStr, time::Duration};
+use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{InvalidTask, ModuleSettings};
@@ -19,59 +18,6 @@ pub const MAX_TENANT_LEN: usize = 64;
 pub const MAX_DEDUP_KEY_LEN: usize = 512;
 /// How far ahead a task may be scheduled.
 pub const MAX_SCHEDULE_AHEAD: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
-
-/// The states a row of `tasks` can be in. Dead tasks live in `dead_tasks`, shown as `Dead`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TaskState {
-    Pending,
-    Running,
-    Retrying,
-    Succeeded,
-    Cancelled,
-    Dead,
-}
-
-impl TaskState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskState::Pending => "pending",
-            TaskState::Running => "running",
-            TaskState::Retrying => "retrying",
-            TaskState::Succeeded => "succeeded",
-            TaskState::Cancelled => "cancelled",
-            TaskState::Dead => "dead",
-        }
-    }
-}
-
-impl fmt::Display for TaskState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for TaskState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "pending" => TaskState::Pending,
-            "running" => TaskState::Running,
-            "retrying" => TaskState::Retrying,
-            "succeeded" => TaskState::Succeeded,
-            "cancelled" => TaskState::Cancelled,
-            "dead" => TaskState::Dead,
-            other => return Err(format!("unknown task state {other:?}")),
-        })
-    }
-}
-
-impl TryFrom<String> for TaskState {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse()
-    }
-}
 
 /// When a new task becomes due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -286,20 +232,5 @@ mod tests {
         ));
         assert!(matches!(ok().dedup_key("").validate(), Err(InvalidTask::BadDedupKey { .. })));
         assert!(matches!(ok().tenant("").validate(), Err(InvalidTask::BadTenant { .. })));
-    }
-
-    #[test]
-    fn states_round_trip() {
-        for s in [
-            TaskState::Pending,
-            TaskState::Running,
-            TaskState::Retrying,
-            TaskState::Succeeded,
-            TaskState::Cancelled,
-            TaskState::Dead,
-        ] {
-            assert_eq!(s.as_str().parse::<TaskState>(), Ok(s));
-        }
-        assert!("nope".parse::<TaskState>().is_err());
     }
 }

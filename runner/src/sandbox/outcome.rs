@@ -2,8 +2,7 @@
 //! turns the facts of a finished run into an `Outcome`.
 //!
 //! Owns: the guest exit-code contract (0 = success, [`PERMANENT_EXIT_CODE`] = permanent
-//! failure, anything else = retryable) and the stable snake_case [`Outcome::kind`] strings that
-//! the queue stores.
+//! failure, anything else = retryable) and which [`FailureKind`] each outcome is recorded as.
 //!
 //! Invariants:
 //! - classification is structural: flags recorded by our own host code (stdout overflow,
@@ -12,11 +11,12 @@
 //!   into messages, never inspected;
 //! - host-side flags win over the error they caused (our own trap error may be wrapped in
 //!   context by wasmtime; the flag is the ground truth);
-//! - `kind()` strings never change once shipped: they are stored in the database.
+//! - an outcome's failure kind never changes once shipped: it is stored in the database.
 
 use std::time::Duration;
 
 use super::pipes::tail_str;
+use crate::queue::FailureKind;
 
 /// Exit code with which a handler says "permanent failure, do not retry".
 pub const PERMANENT_EXIT_CODE: i32 = 100;
@@ -77,21 +77,27 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// Stable snake_case name, as stored in the database.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Outcome::Success(_) => "success",
-            Outcome::HandlerError { .. } => "handler_error",
-            Outcome::OutOfFuel => "out_of_fuel",
-            Outcome::Timeout => "timeout",
-            Outcome::MemoryLimit => "memory_limit",
-            Outcome::StackOverflow => "stack_overflow",
-            Outcome::Trap { .. } => "trap",
-            Outcome::OutputTooLarge => "output_too_large",
-            Outcome::InvalidOutput(_) => "invalid_output",
-            Outcome::ModuleMissing => "module_missing",
-            Outcome::RunnerError(_) => "runner_error",
-        }
+    /// The kind recorded in the task's history; `None` on success.
+    pub fn failure_kind(&self) -> Option<FailureKind> {
+        Some(match self {
+            Outcome::Success(_) => return None,
+            Outcome::HandlerError { .. } => FailureKind::HandlerError,
+            Outcome::OutOfFuel => FailureKind::OutOfFuel,
+            Outcome::Timeout => FailureKind::Timeout,
+            Outcome::MemoryLimit => FailureKind::MemoryLimit,
+            Outcome::StackOverflow => FailureKind::StackOverflow,
+            Outcome::Trap { .. } => FailureKind::Trap,
+            Outcome::OutputTooLarge => FailureKind::OutputTooLarge,
+            Outcome::InvalidOutput(_) => FailureKind::InvalidOutput,
+            Outcome::ModuleMissing => FailureKind::ModuleMissing,
+            Outcome::RunnerError(_) => FailureKind::RunnerError,
+        })
+    }
+
+    /// The outcome's name for logs and the `kind` metric label: the failure kind, or
+    /// `success`.
+    pub fn label(&self) -> &'static str {
+        self.failure_kind().map_or("success", FailureKind::as_str)
     }
 
     /// True only for [`Outcome::Success`].
@@ -278,7 +284,7 @@ mod tests {
     fn non_json_stdout_is_invalid_output() {
         let f = RunFacts { stdout: b"hello", ..facts(Ending::Returned) };
         let out = classify(f);
-        assert_eq!(out.kind(), "invalid_output");
+        assert_eq!(out.failure_kind(), Some(FailureKind::InvalidOutput));
         assert!(!out.is_permanent());
     }
 
@@ -319,7 +325,7 @@ mod tests {
             out,
             Outcome::Trap { cause: TrapCause::Wasm(wasmtime::Trap::UnreachableCodeReached), .. }
         ));
-        assert_eq!(out.kind(), "trap");
+        assert_eq!(out.failure_kind(), Some(FailureKind::Trap));
     }
 
     #[test]
@@ -346,25 +352,25 @@ mod tests {
         let out = classify(facts(Ending::CallFailed(msg())));
         assert!(matches!(out, Outcome::Trap { cause: TrapCause::Host, .. }));
         let out = classify(facts(Ending::InstantiateFailed(msg())));
-        assert_eq!(out.kind(), "runner_error");
+        assert_eq!(out.failure_kind(), Some(FailureKind::RunnerError));
     }
 
     #[test]
     fn kinds_are_stable() {
         let all = [
-            (Outcome::Success(json!(null)), "success"),
-            (Outcome::OutOfFuel, "out_of_fuel"),
-            (Outcome::Timeout, "timeout"),
-            (Outcome::MemoryLimit, "memory_limit"),
-            (Outcome::StackOverflow, "stack_overflow"),
-            (Outcome::OutputTooLarge, "output_too_large"),
-            (Outcome::InvalidOutput(String::new()), "invalid_output"),
-            (Outcome::ModuleMissing, "module_missing"),
+            (Outcome::Success(json!(null)), None),
+            (Outcome::OutOfFuel, Some(FailureKind::OutOfFuel)),
+            (Outcome::Timeout, Some(FailureKind::Timeout)),
+            (Outcome::MemoryLimit, Some(FailureKind::MemoryLimit)),
+            (Outcome::StackOverflow, Some(FailureKind::StackOverflow)),
+            (Outcome::OutputTooLarge, Some(FailureKind::OutputTooLarge)),
+            (Outcome::InvalidOutput(String::new()), Some(FailureKind::InvalidOutput)),
+            (Outcome::ModuleMissing, Some(FailureKind::ModuleMissing)),
         ];
         for (outcome, kind) in all {
-            assert_eq!(outcome.kind(), kind);
-            assert_eq!(outcome.is_success(), kind == "success");
-            assert_eq!(outcome.message().is_none(), kind == "success");
+            assert_eq!(outcome.failure_kind(), kind);
+            assert_eq!(outcome.is_success(), kind.is_none());
+            assert_eq!(outcome.message().is_none(), kind.is_none());
             assert!(!outcome.is_permanent());
         }
     }

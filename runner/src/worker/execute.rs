@@ -119,7 +119,7 @@ fn not_run(outcome: Outcome) -> Execution {
 
 fn record(task: &ClaimedTask, execution: &Execution) {
     let span = tracing::Span::current();
-    let kind = execution.outcome.kind();
+    let kind = execution.outcome.label();
     span.record("outcome", kind);
     span.record("duration_ms", execution.duration.as_secs_f64() * 1000.0);
     span.record("fuel", execution.fuel_used);

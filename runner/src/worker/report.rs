@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::{
     config::WorkerConfig,
-    queue::{self, ClaimedTask, Completion, Failure, RetryPolicy},
+    queue::{self, ClaimedTask, Completion, Failure, FailureKind, RetryPolicy},
     sandbox::{Execution, Outcome},
 };
 
@@ -94,7 +94,7 @@ fn failure(r: &Report, rng: &mut impl rand::Rng) -> Failure {
     Failure {
         id: r.task.id,
         attempt: r.task.attempt,
-        kind: e.outcome.kind().to_owned(),
+        kind: e.outcome.failure_kind().unwrap_or(FailureKind::RunnerError),
         message: e.failure_message().unwrap_or_default(),
         permanent: e.outcome.is_permanent(),
         retry_delay: r.retry.delay(u32::try_from(r.task.attempt).unwrap_or(0), rng),

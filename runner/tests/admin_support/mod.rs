@@ -4,6 +4,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+pub use common::*;
 
 use serde_json::Value;
 use sqlx::PgPool;
@@ -19,18 +20,18 @@ pub fn sandbox() -> Sandbox {
     Sandbox::new(SandboxConfig { pooling: false, ..SandboxConfig::default() }).expect("sandbox")
 }
 
-pub fn state(pool: &PgPool, config: AdminConfig) -> AdminState {
-    AdminState::new(pool.clone(), sandbox(), config).expect("admin state")
+pub fn state(db: &Stores, config: AdminConfig) -> AdminState {
+    AdminState::new(&db.admin, sandbox(), config).expect("admin state")
 }
 
 /// An admin API with an operator token and default limits.
-pub fn api(pool: &PgPool) -> Api {
-    api_with(pool, AdminConfig::default())
+pub fn api(db: &Stores) -> Api {
+    api_with(db, AdminConfig::default())
 }
 
-pub fn api_with(pool: &PgPool, config: AdminConfig) -> Api {
+pub fn api_with(db: &Stores, config: AdminConfig) -> Api {
     let config = AdminConfig { operator_token: Some(OPERATOR.into()), ..config };
-    Api { state: state(pool, config), pool: pool.clone() }
+    Api { state: state(db, config), pool: db.pool() }
 }
 
 /// An answer: status and JSON body (`Value::Null` when the body is not JSON), raw body too.
@@ -158,22 +159,24 @@ pub fn wat(text: &str) -> Vec<u8> {
 
 /// A WASI command in miniature: exports `_start` and `memory`, imports nothing.
 pub fn tiny_command() -> Vec<u8> {
-    wat(r#"(module (memory (export "memory") 1) (func (export "_start")))"#)
+    sweep_dev::modules::empty_module()
 }
 
 /// Makes a dead task directly in the database (as a runner would after the last attempt).
 pub async fn make_dead(pool: &PgPool, tenant: &str, task_type: &str) -> i64 {
     sqlx::query_scalar(
         r#"
-        insert into dead_tasks (id, tenant, task_type, payload, priority, attempts, max_attempts,
-                                errors, reason, created_at)
-        values (nextval(pg_get_serial_sequence('tasks', 'id')), $1, $2, '{}', 0, 1, 1,
-                '[{"kind": "trap", "message": "boom"}]', 'attempts_exhausted', now())
+        insert into sweep.dead_tasks (id, tenant, task_type, payload, priority, attempts,
+                                      max_attempts, errors, reason, created_at)
+        values (nextval(pg_get_serial_sequence('sweep.tasks', 'id')), $1, $2, '{}', 0, 1, 1,
+                jsonb_build_array(jsonb_build_object('kind', $3::text, 'message', 'boom')),
+                $3, now())
         returning id
         "#,
     )
     .bind(tenant)
     .bind(task_type)
+    .bind(FailureKind::Trap.as_str())
     .fetch_one(pool)
     .await
     .expect("insert dead task")

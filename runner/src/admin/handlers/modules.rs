@@ -16,7 +16,7 @@ use crate::admin::error::ApiError;
 use crate::admin::models::{ActivateRequest, ModulesResponse, UploadResponse};
 use crate::admin::params::{resolve_limits, Query, RequestedLimits};
 use crate::admin::AdminState;
-use crate::queue::{self, QueueError};
+use crate::queue;
 use crate::sandbox::ModuleInfo;
 
 fn check_task_type(task_type: &str) -> Result<(), ApiError> {
@@ -145,15 +145,7 @@ pub async fn activate(
     q.finish()?;
     let (tenant, _) = caller.write_target(state.pool(), tenant.as_deref()).await?;
     let version = request.version;
-    match queue::activate_version(state.pool(), &tenant, &task_type, version).await {
-        Ok(()) => {}
-        Err(QueueError::NotFound(_)) => {
-            return Err(ApiError::not_found(format!(
-                "task_type {task_type:?} has no version {version}"
-            )))
-        }
-        Err(e) => return Err(e.into()),
-    }
+    queue::activate_version(state.pool(), &tenant, &task_type, version).await?;
     tracing::info!(%tenant, %task_type, version, "module version activated");
     let modules =
         queue::list_versions(state.pool(), Some(&tenant), Some(&task_type), false).await?;

@@ -16,7 +16,7 @@ use crate::admin::models::{
 };
 use crate::admin::params::Query;
 use crate::admin::AdminState;
-use crate::queue::{self, TaskId};
+use crate::queue::{self, StoreError, TaskId};
 
 /// Page size of `GET /v1/dead` unless `limit` says otherwise.
 pub const DEFAULT_DEAD_PAGE: u64 = 100;
@@ -109,13 +109,13 @@ pub fn healthz() -> Response {
 
 /// `GET /readyz`: the database answers and its schema is current.
 pub async fn readyz(state: AdminState) -> Answer {
-    match queue::migrations_done(state.pool()).await {
-        Ok(true) => Ok(json(StatusCode::OK, &Health { status: "ready" })),
-        Ok(false) => Err(ApiError::unavailable("database migrations are pending")),
-        Err(e) => {
+    match queue::check_schema(state.pool()).await {
+        Ok(()) => Ok(json(StatusCode::OK, &Health { status: "ready" })),
+        Err(e @ (StoreError::Database(_) | StoreError::Connect(_))) => {
             tracing::warn!(error = %e, "readiness check: database unreachable");
             Err(ApiError::unavailable("database unreachable"))
         }
+        Err(e) => Err(ApiError::unavailable(e.to_string())),
     }
 }
 

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use anyhow::Context;
 use serde_json::json;
 use sweep::admin::{self, AdminConfig, AdminState};
-use sweep::queue::{self, TenantCaps};
+use sweep::queue::{self, Role, Store, TenantCaps};
 use sweep::sandbox::{Sandbox, SandboxConfig};
 
 use super::print;
@@ -56,12 +56,13 @@ pub async fn admin(args: AdminArgs) -> anyhow::Result<()> {
             "no operator token (SWEEP_OPERATOR_TOKEN): only tenant tokens can call the API"
         );
     }
-    let pool = queue::connect(&args.db.database_url, 8).await.context("connecting to Postgres")?;
+    let store =
+        Store::open(&args.db.database_url, Role::Admin, 8).await.context("opening the database")?;
     let sandbox = Sandbox::new(SandboxConfig { pooling: false, ..SandboxConfig::default() })
         .context("starting the module validator")?;
-    let state = AdminState::new(pool.clone(), sandbox, config)?;
+    let state = AdminState::new(&store, sandbox, config)?;
     admin::serve(args.server.admin_addr, state, sweep::worker::shutdown_signal()).await?;
-    pool.close().await;
+    store.close().await;
     Ok(())
 }
 
@@ -140,8 +141,10 @@ async fn create(args: TenantCreateArgs) -> anyhow::Result<()> {
         max_memory_bytes: args.max_memory_mb.map(|mb| mb.saturating_mul(1 << 20)),
         max_running: args.max_running,
     };
-    let pool = queue::connect(&args.db.database_url, 2).await.context("connecting to Postgres")?;
-    let created = admin::create_tenant(&pool, &args.name, &caps).await;
+    let store =
+        Store::open(&args.db.database_url, Role::Admin, 2).await.context("opening the database")?;
+    let pool = store.pool();
+    let created = admin::create_tenant(pool, &args.name, &caps).await;
     pool.close().await;
     let (tenant, token) = created.with_context(|| format!("creating tenant {:?}", args.name))?;
     if args.json {
@@ -155,8 +158,10 @@ async fn create(args: TenantCreateArgs) -> anyhow::Result<()> {
 }
 
 async fn list(db: DatabaseArgs, json: bool) -> anyhow::Result<()> {
-    let pool = queue::connect(&db.database_url, 2).await.context("connecting to Postgres")?;
-    let tenants = queue::list_tenants(&pool).await;
+    let store =
+        Store::open(&db.database_url, Role::Admin, 2).await.context("opening the database")?;
+    let pool = store.pool();
+    let tenants = queue::list_tenants(pool).await;
     pool.close().await;
     let tenants = tenants.context("listing tenants")?;
     if json {

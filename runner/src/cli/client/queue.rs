@@ -4,6 +4,8 @@ use anyhow::Context;
 use reqwest::Method;
 use serde_json::{json, Value};
 
+use sweep::queue::TaskState;
+
 use super::{print, tenant_query, Api, ClientArgs};
 
 #[derive(Debug, clap::Args)]
@@ -156,19 +158,11 @@ pub async fn stats(args: StatsArgs) -> anyhow::Result<()> {
         .unwrap_or(&empty)
         .iter()
         .map(|t| {
-            let mut row: Vec<String> = [
-                "tenant",
-                "task_type",
-                "pending",
-                "running",
-                "retrying",
-                "succeeded",
-                "cancelled",
-                "dead",
-            ]
-            .iter()
-            .map(|k| print::cell(&t[*k]))
-            .collect();
+            let mut row: Vec<String> = ["tenant", "task_type"]
+                .into_iter()
+                .chain(TaskState::ALL.into_iter().map(TaskState::as_str))
+                .map(|k| print::cell(&t[k]))
+                .collect();
             row.push(print::millis(t["oldest_due_ms"].as_i64().unwrap_or(0)));
             row.push(print::cell(&t["failures_last_hour"]));
             row.push(print::cell(&t["completed_last_minute"]));

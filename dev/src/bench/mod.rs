@@ -1,4 +1,4 @@
-//! `sweep bench`: end-to-end benchmarks of a real runner on a fresh database.
+//! `sweep-bench`: end-to-end benchmarks of a real runner on a fresh database.
 //!
 //! - `throughput`: bulk-enqueue N no-op tasks, run one runner until they are drained, report
 //!   tasks/s and enqueue-to-start latency percentiles.
@@ -17,17 +17,23 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use sqlx::{migrate::MigrateDatabase, PgPool, Postgres};
 use sweep::{
-    queue::{self, ModuleSettings, NewTask},
+    queue::{self, ModuleSettings, NewTask, Role, Store},
     sandbox::sha256_hex,
     worker::Worker,
 };
 use tokio::{sync::oneshot, time::Instant};
 
-use super::serve::{default_modules_dir, WorkerArgs};
+use sweep::args::{default_modules_dir, WorkerArgs};
 
-mod fairness;
+use crate::fixtures;
 
-#[derive(Debug, clap::Args)]
+pub mod fairness;
+
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "sweep-bench",
+    about = "End-to-end benchmarks of a Sweep runner on a fresh database"
+)]
 pub struct BenchArgs {
     #[command(subcommand)]
     pub mode: BenchMode,
@@ -58,8 +64,6 @@ pub enum Guest {
     /// An empty `_start`: the floor of the sandbox's per-task cost.
     Bare,
 }
-
-const BARE_NOOP: &str = r#"(module (memory (export "memory") 1) (func (export "_start")))"#;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchMode {
@@ -104,14 +108,16 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     if Postgres::database_exists(url).await.context("reaching Postgres")? {
         Postgres::drop_database(url).await.context("dropping the previous bench database")?;
     }
-    let pool = queue::connect(url, 16).await.context("creating the bench database")?;
+    queue::migrate(url).await.context("creating the bench database")?;
+    let store = Store::open(url, Role::Runner, 16).await.context("opening the bench database")?;
+    let pool = store.pool();
     let noop = match args.guest {
         Guest::Rust => std::fs::read(args.modules_dir.join("noop.wasm"))
             .context("reading noop.wasm (run scripts/build-modules.sh first)")?,
-        Guest::Bare => wat::parse_str(BARE_NOOP).context("assembling the bare no-op")?,
+        Guest::Bare => crate::modules::empty_module(),
     };
     queue::register_module(
-        &pool,
+        pool,
         queue::DEFAULT_TENANT,
         "noop",
         &sha256_hex(&noop),
@@ -121,23 +127,24 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     .await?;
     match mode {
         BenchMode::Throughput { tasks, retained, worker } => {
-            throughput(&pool, tasks, retained, &worker, args.sql_limit).await
+            throughput(&store, tasks, retained, &worker, args.sql_limit).await
         }
-        BenchMode::Latency { tasks, rate, worker } => latency(&pool, tasks, rate, &worker).await,
+        BenchMode::Latency { tasks, rate, worker } => latency(&store, tasks, rate, &worker).await,
         BenchMode::Fairness(fair) => fairness::fairness(url, &args.modules_dir, &fair).await,
     }
 }
 
 async fn throughput(
-    pool: &PgPool,
+    store: &Store,
     n: usize,
     retained: usize,
     args: &WorkerArgs,
     sql_limit: Option<f64>,
 ) -> anyhow::Result<()> {
+    let pool = store.pool();
     if retained > 0 {
         println!("filling history: {retained} finished tasks");
-        sweep::queue::bench_support::fill_finished(pool, "noop", retained).await?;
+        fixtures::fill_finished(pool, "noop", retained).await?;
     }
     let started = Instant::now();
     for chunk in (0..n).collect::<Vec<_>>().chunks(ENQUEUE_CHUNK) {
@@ -152,7 +159,7 @@ async fn throughput(
     );
 
     let config = args.to_config();
-    let worker = Worker::new(pool.clone(), config.clone())?;
+    let worker = Worker::new(store, config.clone())?;
     let bar = ProgressBar::new(n as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} tasks  {per_sec}  eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -166,12 +173,12 @@ async fn throughput(
     // second (a count reads the whole backlog, and the benchmark must not pay for its own
     // progress bar).
     let mut next_count = Instant::now();
-    while queue::bench_support::any_unfinished(pool).await? {
+    while fixtures::any_unfinished(pool).await? {
         if runner.is_finished() {
             bail!("the runner stopped early");
         }
         if Instant::now() >= next_count {
-            let left = usize::try_from(queue::bench_support::count_unfinished(pool).await?)?;
+            let left = usize::try_from(fixtures::count_unfinished(pool).await?)?;
             bar.set_position(n.saturating_sub(left) as u64);
             next_count = Instant::now() + Duration::from_secs(1);
         }
@@ -194,11 +201,12 @@ async fn throughput(
     print_latency("enqueue-to-start", pool).await
 }
 
-async fn latency(pool: &PgPool, n: usize, rate: u32, args: &WorkerArgs) -> anyhow::Result<()> {
+async fn latency(store: &Store, n: usize, rate: u32, args: &WorkerArgs) -> anyhow::Result<()> {
+    let pool = store.pool();
     if rate == 0 {
         bail!("--rate must be at least 1");
     }
-    let worker = Worker::new(pool.clone(), args.to_config())?;
+    let worker = Worker::new(store, args.to_config())?;
     let (stop, stopped) = oneshot::channel::<()>();
     let runner = tokio::spawn(worker.run(async {
         let _ = stopped.await;
@@ -215,7 +223,7 @@ async fn latency(pool: &PgPool, n: usize, rate: u32, args: &WorkerArgs) -> anyho
         acked.push((id, chrono::Utc::now()));
         bar.inc(1);
     }
-    while queue::bench_support::any_unfinished(pool).await? {
+    while fixtures::any_unfinished(pool).await? {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     bar.finish_and_clear();
@@ -225,7 +233,7 @@ async fn latency(pool: &PgPool, n: usize, rate: u32, args: &WorkerArgs) -> anyho
     print_latency("enqueue statement start to attempt start (includes the enqueue's commit)", pool)
         .await?;
     let ids: Vec<i64> = acked.iter().map(|(id, _)| *id).collect();
-    let started = queue::bench_support::started_at(pool, &ids).await?;
+    let started = fixtures::started_at(pool, &ids).await?;
     let mut waits: Vec<f64> = acked
         .iter()
         .zip(started)
@@ -246,7 +254,7 @@ async fn latency(pool: &PgPool, n: usize, rate: u32, args: &WorkerArgs) -> anyho
 }
 
 async fn print_latency(what: &str, pool: &PgPool) -> anyhow::Result<()> {
-    let p = queue::bench_support::start_latency_percentiles(pool, &[0.5, 0.95, 0.99]).await?;
+    let p = fixtures::start_latency_percentiles(pool, &[0.5, 0.95, 0.99]).await?;
     let ms = |s: f64| s * 1000.0;
     println!(
         "{what} latency: p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms",

@@ -1,9 +1,10 @@
-//! Statements only the benchmarks use: filling history, counting what is left, and reading
-//! the enqueue-to-start latency distribution from the database clock.
+//! Statements only benchmarks and tests use: filling history, counting what is left, reading
+//! the enqueue-to-start latency distribution from the database clock. They read Sweep's tables
+//! directly, which the product never lets a user do; that is why they live here.
 
 use sqlx::PgExecutor;
 
-use super::QueueError;
+use sweep::queue::{QueueError, TaskState};
 
 /// Inserts `n` already-succeeded tasks of `task_type`, as months of retained history would
 /// leave them (with no start time, so they stay out of the latency percentiles), then
@@ -15,19 +16,20 @@ pub async fn fill_finished(
 ) -> Result<(), QueueError> {
     sqlx::query(
         r#"
-        insert into finished_tasks (id, tenant, task_type, payload, state, priority,
+        insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority,
                                     attempts, max_attempts, run_at, errors, result,
                                     created_at, started_at)
-        select nextval('tasks_id_seq'), 'default', $1, jsonb_build_object('i', g),
-               'succeeded', 0, 1, 5, now(), '[]', '{}', now(), null
+        select nextval('sweep.tasks_id_seq'), 'default', $1, jsonb_build_object('i', g),
+               $3, 0, 1, 5, now(), '[]', '{}', now(), null
         from generate_series(1, $2) g
         "#,
     )
     .bind(task_type)
-    .bind(super::sql_count(n))
+    .bind(sql_count(n))
+    .bind(TaskState::Succeeded.as_str())
     .execute(pool)
     .await?;
-    sqlx::query(r#"vacuum analyze finished_tasks"#).execute(pool).await?;
+    sqlx::query(r#"vacuum analyze sweep.finished_tasks"#).execute(pool).await?;
     Ok(())
 }
 
@@ -35,7 +37,7 @@ pub async fn fill_finished(
 pub async fn count_unfinished<'c, E: PgExecutor<'c>>(executor: E) -> Result<i64, QueueError> {
     Ok(sqlx::query_scalar(
         r#"
-        select count(*) from tasks
+        select count(*) from sweep.tasks
         "#,
     )
     .fetch_one(executor)
@@ -45,7 +47,9 @@ pub async fn count_unfinished<'c, E: PgExecutor<'c>>(executor: E) -> Result<i64,
 /// Whether any task is not finished yet: cheap enough to ask every few milliseconds, unlike
 /// [`count_unfinished`], which reads the whole backlog.
 pub async fn any_unfinished<'c, E: PgExecutor<'c>>(executor: E) -> Result<bool, QueueError> {
-    Ok(sqlx::query_scalar(r#"select exists (select 1 from tasks)"#).fetch_one(executor).await?)
+    Ok(sqlx::query_scalar(r#"select exists (select 1 from sweep.tasks)"#)
+        .fetch_one(executor)
+        .await?)
 }
 
 /// Percentiles (in seconds) of `started_at - run_at` over succeeded tasks that recorded a
@@ -58,11 +62,12 @@ pub async fn start_latency_percentiles<'c, E: PgExecutor<'c>>(
         r#"
         select percentile_cont($1::float8[]) within group (
                    order by extract(epoch from started_at - run_at)::float8)
-        from finished_tasks
-        where state = 'succeeded' and started_at is not null
+        from sweep.finished_tasks
+        where state = $2 and started_at is not null
         "#,
     )
     .bind(fractions)
+    .bind(TaskState::Succeeded.as_str())
     .fetch_one(executor)
     .await?;
     Ok(values.unwrap_or_else(|| vec![0.0; fractions.len()]))
@@ -75,9 +80,9 @@ pub async fn started_at<'c, E: PgExecutor<'c>>(
 ) -> Result<Vec<(i64, Option<chrono::DateTime<chrono::Utc>>)>, QueueError> {
     Ok(sqlx::query_as(
         r#"
-        select id, started_at from tasks where id = any($1)
+        select id, started_at from sweep.tasks where id = any($1)
         union all
-        select id, started_at from finished_tasks where id = any($1)
+        select id, started_at from sweep.finished_tasks where id = any($1)
         order by id
         "#,
     )
@@ -90,25 +95,25 @@ pub async fn started_at<'c, E: PgExecutor<'c>>(
 /// (the retained history a bench measures against), then vacuums and analyzes both tables so
 /// each measurement starts from the same physical state.
 pub async fn reset(pool: &sqlx::PgPool, keep_type: Option<&str>) -> Result<(), QueueError> {
-    sqlx::query(r#"truncate tasks"#).execute(pool).await?;
+    sqlx::query(r#"truncate sweep.tasks"#).execute(pool).await?;
     match keep_type {
         Some(keep) => {
-            sqlx::query(r#"delete from finished_tasks where task_type <> $1"#)
+            sqlx::query(r#"delete from sweep.finished_tasks where task_type <> $1"#)
                 .bind(keep)
                 .execute(pool)
                 .await?;
         }
         None => {
-            sqlx::query(r#"truncate finished_tasks"#).execute(pool).await?;
+            sqlx::query(r#"truncate sweep.finished_tasks"#).execute(pool).await?;
         }
     }
-    sqlx::query(r#"vacuum analyze tasks, finished_tasks"#).execute(pool).await?;
+    sqlx::query(r#"vacuum analyze sweep.tasks, sweep.finished_tasks"#).execute(pool).await?;
     Ok(())
 }
 
 /// `vacuum tasks`, with `analyze` when asked.
 pub async fn vacuum_tasks(pool: &sqlx::PgPool, analyze: bool) -> Result<(), QueueError> {
-    let statement = if analyze { r#"vacuum analyze tasks"# } else { r#"vacuum tasks"# };
+    let statement = if analyze { r#"vacuum analyze sweep.tasks"# } else { r#"vacuum sweep.tasks"# };
     sqlx::query(statement).execute(pool).await?;
     Ok(())
 }
@@ -118,7 +123,7 @@ pub async fn count_finished<'c, E: PgExecutor<'c>>(
     executor: E,
     task_type: &str,
 ) -> Result<i64, QueueError> {
-    Ok(sqlx::query_scalar(r#"select count(*) from finished_tasks where task_type = $1"#)
+    Ok(sqlx::query_scalar(r#"select count(*) from sweep.finished_tasks where task_type = $1"#)
         .bind(task_type)
         .fetch_one(executor)
         .await?)
@@ -131,10 +136,10 @@ pub async fn start_waits<'c, E: PgExecutor<'c>>(
 ) -> Result<Vec<f64>, QueueError> {
     Ok(sqlx::query_scalar(
         r#"
-        select extract(epoch from started_at - run_at)::float8 from tasks
+        select extract(epoch from started_at - run_at)::float8 from sweep.tasks
         where id = any($1) and started_at is not null
         union all
-        select extract(epoch from started_at - run_at)::float8 from finished_tasks
+        select extract(epoch from started_at - run_at)::float8 from sweep.finished_tasks
         where id = any($1) and started_at is not null
         "#,
     )
@@ -148,7 +153,7 @@ pub async fn count_live<'c, E: PgExecutor<'c>>(
     executor: E,
     ids: &[i64],
 ) -> Result<i64, QueueError> {
-    Ok(sqlx::query_scalar(r#"select count(*) from tasks where id = any($1)"#)
+    Ok(sqlx::query_scalar(r#"select count(*) from sweep.tasks where id = any($1)"#)
         .bind(ids)
         .fetch_one(executor)
         .await?)
@@ -159,8 +164,9 @@ pub async fn running_by_tenant<'c, E: PgExecutor<'c>>(
     executor: E,
 ) -> Result<Vec<(String, i64)>, QueueError> {
     Ok(sqlx::query_as(
-        r#"select tenant, count(*) from tasks where state = 'running' group by tenant"#,
+        r#"select tenant, count(*) from sweep.tasks where state = $1 group by tenant"#,
     )
+    .bind(TaskState::Running.as_str())
     .fetch_all(executor)
     .await?)
 }
@@ -170,7 +176,7 @@ pub async fn last_heartbeat<'c, E: PgExecutor<'c>>(
     executor: E,
     runner: uuid::Uuid,
 ) -> Result<Option<chrono::DateTime<chrono::Utc>>, QueueError> {
-    Ok(sqlx::query_scalar(r#"select last_heartbeat_at from runners where id = $1"#)
+    Ok(sqlx::query_scalar(r#"select last_heartbeat_at from sweep.runners where id = $1"#)
         .bind(runner)
         .fetch_optional(executor)
         .await?)
@@ -186,17 +192,22 @@ pub async fn add_idle_tenants(
     sqlx::query(
         r#"
         with made as (
-            insert into tenants (name, token_sha256)
+            insert into sweep.tenants (name, token_sha256)
             select $1 || g, encode(sha256(convert_to($1 || g, 'UTF8')), 'hex')
             from generate_series(1, $2) g
             returning name
         )
-        insert into queues (tenant, task_type) select name, 'noop' from made
+        insert into sweep.queues (tenant, task_type) select name, 'noop' from made
         "#,
     )
     .bind(prefix)
-    .bind(super::sql_count(n))
+    .bind(sql_count(n))
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// A count or limit for SQL, saturating.
+fn sql_count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }

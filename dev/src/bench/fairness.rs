@@ -19,13 +19,15 @@ use sqlx::{migrate::MigrateDatabase, PgPool, Postgres};
 use sweep::{
     admin::{self, AdminConfig, AdminState},
     config::WorkerConfig,
-    queue::{self, bench_support, ModuleSettings, NewTask, TenantCaps},
+    queue::{self, ModuleSettings, NewTask, Role, Store, TenantCaps},
     sandbox::sha256_hex,
     worker::{Worker, WorkerSummary},
 };
 use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
 
-use super::super::serve::WorkerArgs;
+use sweep::args::WorkerArgs;
+
+use crate::fixtures;
 
 #[derive(Debug, clap::Args)]
 pub struct FairnessArgs {
@@ -94,9 +96,10 @@ async fn noisy_neighbour(
     config: &WorkerConfig,
     args: &FairnessArgs,
 ) -> anyhow::Result<()> {
-    let pool = fresh_database(url).await?;
+    let store = fresh_database(url).await?;
+    let pool = store.pool().clone();
     register_neighbours(&pool, modules).await?;
-    let runner = Running::start(&pool, config.clone())?;
+    let runner = Running::start(&store, config.clone())?;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let quiet = trickle(&pool, args.trickle).await?;
@@ -144,7 +147,8 @@ async fn shares(
     config: &WorkerConfig,
     args: &FairnessArgs,
 ) -> anyhow::Result<()> {
-    let pool = fresh_database(url).await?;
+    let store = fresh_database(url).await?;
+    let pool = store.pool().clone();
     let hold = read_module(modules, "sleep")?;
     let tenants = [("w1-a", 1), ("w1-b", 1), ("w2", 2)];
     let backlog = config.concurrency * 3 * (args.share_secs as usize + 5) * 1000
@@ -160,9 +164,9 @@ async fn shares(
             queue::enqueue_many(&pool, chunk).await?;
         }
     }
-    let runner = Running::start(&pool, config.clone())?;
+    let runner = Running::start(&store, config.clone())?;
     wait_until(Duration::from_secs(10), || async {
-        let held: i64 = bench_support::running_by_tenant(&pool).await?.iter().map(|r| r.1).sum();
+        let held: i64 = fixtures::running_by_tenant(&pool).await?.iter().map(|r| r.1).sum();
         Ok(held >= config.concurrency as i64)
     })
     .await?;
@@ -173,7 +177,7 @@ async fn shares(
     while Instant::now() < until {
         tick.tick().await;
         let running: HashMap<String, i64> =
-            bench_support::running_by_tenant(&pool).await?.into_iter().collect();
+            fixtures::running_by_tenant(&pool).await?.into_iter().collect();
         totals.push(running.values().sum::<i64>());
         for (name, _) in tenants {
             samples.entry(name.to_owned()).or_default().push(*running.get(name).unwrap_or(&0));
@@ -240,9 +244,10 @@ async fn drain(
     args: &FairnessArgs,
     busy: usize,
 ) -> anyhow::Result<f64> {
-    let pool = fresh_database(url).await?;
-    bench_support::add_idle_tenants(&pool, "idle", args.all_tenants.saturating_sub(busy)).await?;
-    let noop = wat::parse_str(super::BARE_NOOP)?;
+    let store = fresh_database(url).await?;
+    let pool = store.pool().clone();
+    fixtures::add_idle_tenants(&pool, "idle", args.all_tenants.saturating_sub(busy)).await?;
+    let noop = crate::modules::empty_module();
     let mut tasks = Vec::with_capacity(args.cost_tasks);
     for t in 0..busy {
         let tenant = format!("busy{t}");
@@ -255,10 +260,10 @@ async fn drain(
     for chunk in tasks.chunks(10_000) {
         queue::enqueue_many(&pool, chunk).await?;
     }
-    bench_support::vacuum_tasks(&pool, true).await?;
+    fixtures::vacuum_tasks(&pool, true).await?;
     let started = Instant::now();
-    let runner = Running::start(&pool, config.clone())?;
-    while bench_support::any_unfinished(&pool).await? {
+    let runner = Running::start(&store, config.clone())?;
+    while fixtures::any_unfinished(&pool).await? {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let secs = started.elapsed().as_secs_f64();
@@ -267,13 +272,15 @@ async fn drain(
 }
 
 async fn control_plane(url: &str, modules: &Path, config: &WorkerConfig) -> anyhow::Result<()> {
-    let pool = fresh_database(url).await?;
+    let store = fresh_database(url).await?;
+    let pool = store.pool().clone();
     let (_, token) = admin::create_tenant(&pool, "b", &TenantCaps::default()).await?;
     register_neighbours(&pool, modules).await?;
     // Heartbeats every second, so a few seconds show several intervals.
     let config = WorkerConfig { lease: Duration::from_secs(3), ..config.clone() };
-    let runner = Running::start(&pool, config.clone())?;
-    let state = AdminState::new(pool.clone(), runner.sandbox.clone(), AdminConfig::default())?;
+    let runner = Running::start(&store, config.clone())?;
+    let admin = Store::open(url, Role::Admin, 4).await.context("opening the bench database")?;
+    let state = AdminState::new(&admin, runner.sandbox.clone(), AdminConfig::default())?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let (stop_api, api_stopped) = oneshot::channel::<()>();
@@ -350,7 +357,7 @@ async fn probe(
             bail!("enqueue over the API answered {}", response.status());
         }
         latencies.push(sent.elapsed().as_secs_f64() * 1000.0);
-        if let Some(at) = bench_support::last_heartbeat(pool, runner).await? {
+        if let Some(at) = fixtures::last_heartbeat(pool, runner).await? {
             if beats.last() != Some(&at) {
                 beats.push(at);
             }
@@ -373,11 +380,11 @@ async fn trickle(pool: &PgPool, n: usize) -> anyhow::Result<Percentiles> {
         );
     }
     wait_until(Duration::from_secs(120), || async {
-        Ok(bench_support::count_live(pool, &ids).await? == 0)
+        Ok(fixtures::count_live(pool, &ids).await? == 0)
     })
     .await
     .context("B's tasks did not all finish within 120 s")?;
-    let waits = bench_support::start_waits(pool, &ids).await?;
+    let waits = fixtures::start_waits(pool, &ids).await?;
     Ok(Percentiles::of(waits.into_iter().map(|s| s * 1000.0).collect()))
 }
 
@@ -407,10 +414,10 @@ struct Running {
 }
 
 impl Running {
-    fn start(pool: &PgPool, config: WorkerConfig) -> anyhow::Result<Self> {
+    fn start(store: &Store, config: WorkerConfig) -> anyhow::Result<Self> {
         // Running tasks are handed back quickly when a scenario ends.
         let config = WorkerConfig { grace_period: Duration::from_millis(200), ..config };
-        let worker = Worker::new(pool.clone(), config)?;
+        let worker = Worker::new(store, config)?;
         let (id, sandbox) = (worker.id(), worker.sandbox().clone());
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(worker.run(async {
@@ -426,11 +433,12 @@ impl Running {
     }
 }
 
-async fn fresh_database(url: &str) -> anyhow::Result<PgPool> {
+async fn fresh_database(url: &str) -> anyhow::Result<Store> {
     if Postgres::database_exists(url).await.context("reaching Postgres")? {
         Postgres::drop_database(url).await.context("dropping the previous bench database")?;
     }
-    Ok(queue::connect(url, 16).await.context("creating the bench database")?)
+    queue::migrate(url).await.context("creating the bench database")?;
+    Ok(Store::open(url, Role::Runner, 16).await.context("opening the bench database")?)
 }
 
 fn read_module(dir: &Path, name: &str) -> anyhow::Result<Vec<u8>> {
@@ -463,7 +471,7 @@ async fn register_neighbours(pool: &PgPool, modules: &Path) -> anyhow::Result<()
 }
 
 async fn running_of(pool: &PgPool, tenant: &str) -> anyhow::Result<i64> {
-    let running = bench_support::running_by_tenant(pool).await?;
+    let running = fixtures::running_by_tenant(pool).await?;
     Ok(running.into_iter().find(|(t, _)| t == tenant).map_or(0, |(_, n)| n))
 }
 

@@ -1,0 +1,29 @@
+//! The Wasm modules tests and benches run: those `scripts/build-modules.sh` builds for
+//! `wasm32-wasip1`, and the smallest valid handler.
+
+use std::path::PathBuf;
+
+/// The smallest valid handler: exports memory and an empty `_start`. Its per-task cost is the
+/// sandbox's floor.
+pub const EMPTY_MODULE_WAT: &str =
+    r#"(module (memory (export "memory") 1) (func (export "_start")))"#;
+
+/// [`EMPTY_MODULE_WAT`] assembled.
+pub fn empty_module() -> Vec<u8> {
+    wat::parse_str(EMPTY_MODULE_WAT).expect("the empty module assembles")
+}
+
+/// Where `scripts/build-modules.sh` puts the modules.
+pub fn modules_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("wasm32-wasip1/wasm")
+}
+
+/// The bytes of module `name` built by `scripts/build-modules.sh`.
+pub fn module_bytes(name: &str) -> Vec<u8> {
+    let path = modules_dir().join(format!("{name}.wasm"));
+    std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; run scripts/build-modules.sh", path.display()))
+}

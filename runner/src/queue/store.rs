@@ -1,0 +1,284 @@
+//! The store: Sweep's side of Postgres, opened once per role, and the explicit migrate step.
+//!
+//! Roles: the runner (claims, reports, heartbeats, maintenance) and the admin side (the API,
+//! the dashboard, the CLI's operator commands) each open their own [`Store`], so neither can
+//! take the other's connections and `pg_stat_activity` says who is who. No role sets
+//! connection-wide planner settings: the hot-path functions carry their own (`SET` clauses
+//! in migrations/0010_sweep_schema.sql), so they cannot leak into a stats read. The third role
+//! is the user's own connection or transaction: every queue function takes an executor, so an
+//! application enqueues (or completes a task) inside its transaction, with no store at all.
+//!
+//! Invariants:
+//! - every Sweep table, function and the migration bookkeeping live in schema [`SCHEMA`];
+//!   statements name it, so they work under any `search_path`;
+//! - opening a store never creates or migrates anything: it checks the schema is exactly the
+//!   one this binary was built with and says which command fixes it when not;
+//! - only [`migrate`] (and the commands that set up throwaway databases) creates a database.
+
+use std::time::Duration;
+
+use sqlx::{
+    migrate::MigrateDatabase,
+    postgres::{PgConnectOptions, PgPoolOptions},
+    Connection, PgConnection, PgPool, Postgres,
+};
+
+use super::MIGRATOR;
+
+/// The schema holding every Sweep object.
+pub const SCHEMA: &str = "sweep";
+
+/// Who a store works for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A runner: claims, reports, heartbeats and maintenance.
+    Runner,
+    /// The admin API, the dashboard and the CLI's operator commands.
+    Admin,
+}
+
+impl Role {
+    fn application_name(self) -> &'static str {
+        match self {
+            Role::Runner => "sweep runner",
+            Role::Admin => "sweep admin",
+        }
+    }
+}
+
+/// A connection pool to a migrated Sweep database, opened for one [`Role`].
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: PgPool,
+    role: Role,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("invalid database url: {0}")]
+    BadUrl(#[source] sqlx::Error),
+    #[error("cannot create database: {0}")]
+    Create(#[source] sqlx::Error),
+    #[error("cannot connect to the database: {0}")]
+    Connect(#[source] sqlx::Error),
+    #[error("the database has no Sweep schema yet: run `sweep migrate` first")]
+    SchemaMissing,
+    #[error(
+        "the Sweep schema is at migration {applied}, this binary needs {wanted}: \
+         run `sweep migrate` first"
+    )]
+    SchemaBehind { applied: i64, wanted: i64 },
+    #[error(
+        "the Sweep schema is at migration {applied}, newer than this binary knows \
+         ({known}): run a newer sweep"
+    )]
+    SchemaAhead { applied: i64, known: i64 },
+    #[error("migration {version} failed half-way earlier: run `sweep migrate` again")]
+    SchemaDirty { version: i64 },
+    #[error("migrations failed: {0}")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl Store {
+    /// Opens a pool of `max_connections` for `role` to the database at `url`, which must hold
+    /// the schema this binary was built with.
+    pub async fn open(url: &str, role: Role, max_connections: u32) -> Result<Store, StoreError> {
+        let options = url.parse::<PgConnectOptions>().map_err(StoreError::BadUrl)?;
+        Store::open_with(options, role, max_connections).await
+    }
+
+    /// [`Store::open`] from parsed connect options.
+    pub async fn open_with(
+        options: PgConnectOptions,
+        role: Role,
+        max_connections: u32,
+    ) -> Result<Store, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options.application_name(role.application_name()))
+            .await
+            .map_err(StoreError::Connect)?;
+        check_schema(&pool).await?;
+        Ok(Store { pool, role })
+    }
+
+    /// The pool: pass it (or a transaction begun on it) to the queue functions.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Waits for checked-out connections to come back, then closes the pool.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// What [`migrate`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Migrated {
+    pub database_created: bool,
+    /// The versions applied by this call, in order.
+    pub applied: Vec<i64>,
+}
+
+/// Creates the database if it does not exist and brings its Sweep schema up to date. Safe to
+/// run from several hosts at once (every step holds an advisory lock).
+pub async fn migrate(url: &str) -> Result<Migrated, StoreError> {
+    let options = url.parse::<PgConnectOptions>().map_err(StoreError::BadUrl)?;
+    let database_created = if Postgres::database_exists(url).await.map_err(StoreError::Connect)? {
+        false
+    } else {
+        Postgres::create_database(url).await.map_err(StoreError::Create)?;
+        true
+    };
+    let applied = migrate_with(options).await?;
+    Ok(Migrated { database_created, applied })
+}
+
+/// Brings the Sweep schema of an existing database up to date; returns the versions applied.
+pub async fn migrate_with(options: PgConnectOptions) -> Result<Vec<i64>, StoreError> {
+    let mut conn = PgConnection::connect_with(&options).await.map_err(StoreError::Connect)?;
+    adopt_public_bookkeeping(&mut conn).await?;
+    conn.close().await?;
+
+    // Every migration runs with the Sweep schema as the only one to create in or look in, so
+    // migrations name tables plainly and can never touch an application's own.
+    let mut conn = PgConnection::connect_with(&options.options([("search_path", SCHEMA)]))
+        .await
+        .map_err(StoreError::Connect)?;
+    let before = applied_versions(&mut conn).await?;
+    MIGRATOR.run(&mut conn).await.map_err(StoreError::Migrate)?;
+    let after = applied_versions(&mut conn).await?;
+    conn.close().await?;
+    Ok(after.into_iter().filter(|v| !before.contains(v)).collect())
+}
+
+/// Databases migrated before the `sweep` schema existed keep sqlx's bookkeeping in
+/// `public._sqlx_migrations`, which an application using sqlx may share. Sweep's rows move to
+/// `sweep._sqlx_migrations` (recognised by version and checksum); the table goes only if
+/// nothing else is left in it. Migration 0010 then moves the tables themselves.
+async fn adopt_public_bookkeeping(conn: &mut PgConnection) -> Result<(), StoreError> {
+    let mut tx = conn.begin().await?;
+    sqlx::query(MIGRATE_LOCK).execute(&mut *tx).await?;
+    sqlx::query(CREATE_SCHEMA).execute(&mut *tx).await?;
+    let (ours, public): (bool, bool) =
+        sqlx::query_as(BOOKKEEPING_TABLES).fetch_one(&mut *tx).await?;
+    if public && !ours {
+        let (versions, checksums) = known_checksums();
+        sqlx::query(COPY_BOOKKEEPING_TABLE).execute(&mut *tx).await?;
+        sqlx::query(ADOPT_BOOKKEEPING).bind(&versions).bind(&checksums).execute(&mut *tx).await?;
+        if let Some(current) = MIGRATOR.iter().find(|m| m.version == 8) {
+            sqlx::query(CURRENT_CHECKSUM)
+                .bind(8_i64)
+                .bind(current.checksum.as_ref())
+                .execute(&mut *tx)
+                .await?;
+        }
+        let (left,): (i64,) = sqlx::query_as(PUBLIC_BOOKKEEPING_LEFT).fetch_one(&mut *tx).await?;
+        if left == 0 {
+            sqlx::query(DROP_PUBLIC_BOOKKEEPING).execute(&mut *tx).await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Every (version, checksum) this binary recognises as its own: the embedded migrations, plus
+/// the first text of 0008, which was edited after it had been applied (the edit only set
+/// `vacuum_truncate = false`, which 0010 sets again).
+fn known_checksums() -> (Vec<i64>, Vec<Vec<u8>>) {
+    let mut known: (Vec<i64>, Vec<Vec<u8>>) =
+        MIGRATOR.iter().map(|m| (m.version, m.checksum.to_vec())).unzip();
+    if let Ok(first) = hex::decode(MIGRATION_8_FIRST_SHA384) {
+        known.0.push(8);
+        known.1.push(first);
+    }
+    known
+}
+
+/// SHA-384 (sqlx's checksum) of migrations/0008_finished_tasks.sql as committed in 9ac5e19.
+const MIGRATION_8_FIRST_SHA384: &str =
+    "12ab7aa9da32ab8bbd536842107cbe82cb47e3f4d5335efdc0858a63c4840e15\
+                                        241e4ab02cb17867e39065ecf619080b";
+
+async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<i64>, StoreError> {
+    let (exists,): (bool,) = sqlx::query_as(BOOKKEEPING_EXISTS).fetch_one(&mut *conn).await?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_scalar(APPLIED_VERSIONS).fetch_all(&mut *conn).await?)
+}
+
+/// Fails unless every embedded migration, and nothing newer, has been applied successfully.
+pub async fn check_schema(pool: &PgPool) -> Result<(), StoreError> {
+    let (exists,): (bool,) = sqlx::query_as(BOOKKEEPING_EXISTS).fetch_one(pool).await?;
+    if !exists {
+        return Err(StoreError::SchemaMissing);
+    }
+    let rows: Vec<(i64, bool)> = sqlx::query_as(APPLIED).fetch_all(pool).await?;
+    let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let applied = rows.iter().map(|&(v, _)| v).max().unwrap_or(0);
+    if let Some(&(version, _)) = rows.iter().find(|(_, success)| !success) {
+        return Err(StoreError::SchemaDirty { version });
+    }
+    if applied > known {
+        return Err(StoreError::SchemaAhead { applied, known });
+    }
+    if MIGRATOR.iter().any(|m| !rows.iter().any(|&(v, _)| v == m.version)) {
+        return Err(StoreError::SchemaBehind { applied, wanted: known });
+    }
+    Ok(())
+}
+
+/// The same key for every Sweep host: the bookkeeping move happens once.
+const MIGRATE_LOCK: &str = "select pg_advisory_xact_lock(1937204594)";
+const CREATE_SCHEMA: &str = "create schema if not exists sweep";
+const BOOKKEEPING_TABLES: &str = "select to_regclass('sweep._sqlx_migrations') is not null, \
+                                  to_regclass('public._sqlx_migrations') is not null";
+const BOOKKEEPING_EXISTS: &str = "select to_regclass('sweep._sqlx_migrations') is not null";
+const APPLIED_VERSIONS: &str = "select version from sweep._sqlx_migrations order by version";
+const APPLIED: &str = "select version, success from sweep._sqlx_migrations order by version";
+const COPY_BOOKKEEPING_TABLE: &str =
+    "create table sweep._sqlx_migrations (like public._sqlx_migrations including all)";
+/// Moves the rows whose version and checksum are Sweep's.
+const ADOPT_BOOKKEEPING: &str = r#"
+    with ours as (
+        delete from public._sqlx_migrations m
+        using unnest($1::int8[], $2::bytea[]) as k(version, checksum)
+        where m.version = k.version and m.checksum = k.checksum
+        returning m.*
+    )
+    insert into sweep._sqlx_migrations select * from ours
+"#;
+const CURRENT_CHECKSUM: &str = "update sweep._sqlx_migrations set checksum = $2 where version = $1";
+const PUBLIC_BOOKKEEPING_LEFT: &str = "select count(*) from public._sqlx_migrations";
+const DROP_PUBLIC_BOOKKEEPING: &str = "drop table public._sqlx_migrations";
+
+#[cfg(test)]
+pub(super) const STATEMENTS: &[(&str, &str)] = statements![
+    MIGRATE_LOCK,
+    CREATE_SCHEMA,
+    BOOKKEEPING_TABLES,
+    BOOKKEEPING_EXISTS,
+    APPLIED_VERSIONS,
+    APPLIED,
+];
+
+/// Statements that name `public._sqlx_migrations`, which a migrated database no longer has:
+/// prepared by the statement check on a database migrated the old way.
+#[cfg(test)]
+pub(super) const LEGACY_STATEMENTS: &[(&str, &str)] = statements![
+    COPY_BOOKKEEPING_TABLE,
+    ADOPT_BOOKKEEPING,
+    CURRENT_CHECKSUM,
+    PUBLIC_BOOKKEEPING_LEFT,
+    DROP_PUBLIC_BOOKKEEPING,
+];
