@@ -263,8 +263,8 @@ async fn zig_checksum_rejects_bad_payloads_permanently_with_a_reason() {
 /// The limits are the host's, whatever language the guest is in.
 #[tokio::test]
 async fn guests_are_stopped_by_fuel_memory_and_output_limits() {
-    let big_text = json!({ "text": "word ".repeat(2 << 20) });
-    let big_data = json!({ "data": "x".repeat(8 << 20) });
+    let big_text = json!({ "text": "word ".repeat(600_000) });
+    let big_data = json!({ "data": "x".repeat(3 << 20) });
     for sb in both() {
         for (name, small, big) in [
             (C_WORDCOUNT, json!({"text": "a b"}), big_text.clone()),
@@ -277,8 +277,8 @@ async fn guests_are_stopped_by_fuel_memory_and_output_limits() {
             let exec = run_raw(sb, &module, &bytes(&small), fuel).await;
             assert_eq!(exec.outcome, Outcome::OutOfFuel, "{name}");
 
-            // The payload is read whole into linear memory: 10 MiB cannot fit in 4 MiB.
-            let memory = Limits { memory_bytes: 4 << 20, fuel: 100_000_000_000, ..limits() };
+            // The payload is read whole into linear memory: 3 MiB cannot fit in 2 MiB.
+            let memory = Limits { memory_bytes: 2 << 20, fuel: 100_000_000_000, ..limits() };
             let exec = run_raw(sb, &module, &bytes(&big), memory).await;
             assert_eq!(exec.outcome, Outcome::MemoryLimit, "{name}: {}", exec.stderr);
 
@@ -287,7 +287,7 @@ async fn guests_are_stopped_by_fuel_memory_and_output_limits() {
             assert_eq!(exec.outcome, Outcome::OutputTooLarge, "{name}");
 
             // The same big payload fits once the limit allows it.
-            let roomy = Limits { memory_bytes: 64 << 20, fuel: 100_000_000_000, ..limits() };
+            let roomy = Limits { memory_bytes: 32 << 20, fuel: 100_000_000_000, ..limits() };
             let exec = run_raw(sb, &module, &bytes(&big), roomy).await;
             assert!(exec.outcome.is_success(), "{name}: {:?} {}", exec.outcome, exec.stderr);
         }
