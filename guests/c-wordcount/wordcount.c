@@ -275,8 +275,13 @@ static void parse_payload(struct parser *ps, struct buf *text) {
                 parse_string(ps, text);
                 have_text = true;
             } else {
+                /* The reason must stay one line: control characters in the key show as '?'. */
+                size_t shown = key.len > 64 ? 64 : key.len;
+                for (size_t i = 0; i < shown; i++) {
+                    if (key.data[i] < 0x20 || key.data[i] == 0x7f) key.data[i] = '?';
+                }
                 fail(EXIT_PERMANENT, "invalid task payload: unknown field `%.*s`, expected `text`",
-                     (int)(key.len > 64 ? 64 : key.len), (const char *)key.data);
+                     (int)shown, (const char *)key.data);
             }
             skip_ws(ps);
             if (at(ps, '}')) {

@@ -163,12 +163,13 @@ async fn c_wordcount_agrees_with_the_rust_wordcount_on_lines_and_chars() {
 
 #[tokio::test]
 async fn c_wordcount_rejects_bad_payloads_permanently_with_a_reason() {
-    let cases: [(&[u8], &str); 12] = [
+    let cases: [(&[u8], &str); 13] = [
         (b"", "empty input"),
         (b"[]", "expected an object"),
         (b"null", "expected an object"),
         (br#"{"text": 5}"#, "`text` must be a string"),
         (br#"{"txt": "x"}"#, "unknown field `txt`"),
+        (br#"{"a\nb\u0000": "x"}"#, "unknown field `a?b?`"),
         (br#"{}"#, "missing field `text`"),
         (br#"{"text": "a", "text": "b"}"#, "duplicate field `text`"),
         (br#"{"text": "a",}"#, "expected a string at byte offset 13"),
