@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds every guest module under modules/ for wasm32-wasip1 with the `wasm` profile, in one
-# cargo invocation, and prints where each .wasm landed and how big it is.
+# cargo invocation, and prints where each .wasm landed and how big it is; then the handlers in
+# other languages under guests/ (scripts/build-guests.sh) into the same directory.
 #
-#   scripts/build-modules.sh            # all modules
-#   scripts/build-modules.sh noop flaky # just these
+#   scripts/build-modules.sh                        # all modules and guests
+#   scripts/build-modules.sh noop flaky c-wordcount # just these
 #
 # The module list is the directory list: modules/<name>/ holds a crate named <name> whose binary
-# becomes $TARGET_DIR/wasm32-wasip1/wasm/<name>.wasm.
+# becomes $TARGET_DIR/wasm32-wasip1/wasm/<name>.wasm; guests/<name>/ becomes <name>.wasm there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,12 +19,19 @@ if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "
   rustup target add "$TARGET"
 fi
 
+guests=()
 if [ "$#" -gt 0 ]; then
-  modules=("$@")
+  modules=()
+  for name in "$@"; do
+    if [ -d "guests/$name" ]; then guests+=("$name"); else modules+=("$name"); fi
+  done
 else
   modules=()
   for manifest in modules/*/Cargo.toml; do
     modules+=("$(basename "$(dirname "$manifest")")")
+  done
+  for dir in guests/*/; do
+    guests+=("$(basename "$dir")")
   done
 fi
 
@@ -42,10 +50,12 @@ for name in "${modules[@]}"; do
   packages+=(-p "$name")
 done
 
-cargo build --target "$TARGET" --profile "$PROFILE" "${packages[@]}"
+if [ "${#packages[@]}" -gt 0 ]; then
+  cargo build --target "$TARGET" --profile "$PROFILE" "${packages[@]}"
+fi
 
 out="$TARGET_DIR/$TARGET/$PROFILE"
-echo "Wasm modules in $out:"
+[ "${#modules[@]}" -eq 0 ] || echo "Wasm modules in $out:"
 for name in "${modules[@]}"; do
   wasm="$out/$name.wasm"
   if [ ! -f "$wasm" ]; then
@@ -54,3 +64,7 @@ for name in "${modules[@]}"; do
   fi
   printf '  %-12s %7d KiB  %s\n' "$name" "$(( ($(wc -c <"$wasm") + 1023) / 1024 ))" "$wasm"
 done
+
+if [ "${#guests[@]}" -gt 0 ]; then
+  scripts/build-guests.sh "${guests[@]}"
+fi
