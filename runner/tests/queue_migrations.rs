@@ -26,20 +26,7 @@ async fn apply(pool: &PgPool, versions: impl Fn(i64) -> bool) {
 #[sqlx::test(migrations = false)]
 async fn finished_tasks_move_out_of_the_live_table_with_everything_they_held(pool: PgPool) {
     apply(&pool, |v| v < 8).await;
-    sqlx::raw_sql(
-        r#"
-        insert into tasks (id, task_type, payload, state, attempts, result, logs, errors,
-                           started_at, finished_at, module_sha256)
-        values (1, 'done', '{"n": 1}', 'succeeded', 2, '{"ok": true}', 'a log line',
-                '[{"attempt": 1, "kind": "timeout"}]', now(), now(), 'sha-1'),
-               (2, 'gone', '{"n": 2}', 'cancelled', 0, null, null, '[]', null, now(), null),
-               (3, 'live', '{"n": 3}', 'pending', 0, null, null, '[]', null, null, null);
-        select setval('tasks_id_seq', 3);
-        "#,
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    sqlx::raw_sql(include_str!("fixtures/rows_at_0007.sql")).execute(&pool).await.unwrap();
 
     apply(&pool, |v| v >= 8).await;
 
@@ -48,7 +35,7 @@ async fn finished_tasks_move_out_of_the_live_table_with_everything_they_held(poo
     assert_eq!(done.result, Some(json!({"ok": true})));
     assert_eq!(done.logs.as_deref(), Some("a log line"));
     assert_eq!(done.attempts, 2);
-    assert_eq!(done.errors, json!([{"attempt": 1, "kind": "timeout"}]));
+    assert_eq!(done.errors, json!([{"attempt": 1, "kind": FailureKind::Timeout}]));
     assert_eq!(done.module_sha256.as_deref(), Some("sha-1"));
     assert!(done.started_at.is_some() && done.finished_at.is_some());
     assert_eq!(state(&pool, 2).await, TaskState::Cancelled);
@@ -58,8 +45,9 @@ async fn finished_tasks_move_out_of_the_live_table_with_everything_they_held(poo
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(live, vec![(3, "pending".to_owned())], "only live work stays in tasks");
-    let refused = sqlx::query("update sweep.tasks set state = 'succeeded' where id = 3")
+    assert_eq!(live, vec![(3, TaskState::Pending.to_string())], "only live work stays in tasks");
+    let refused = sqlx::query("update sweep.tasks set state = $1 where id = 3")
+        .bind(TaskState::Succeeded.as_str())
         .execute(&pool)
         .await
         .expect_err("a finished state in tasks must be refused");
@@ -83,25 +71,7 @@ async fn finished_tasks_move_out_of_the_live_table_with_everything_they_held(poo
 #[sqlx::test(migrations = false)]
 async fn queues_are_built_from_the_tasks_and_modules_there_are(pool: PgPool) {
     apply(&pool, |v| v < 9).await;
-    let later = "now() + interval '1 hour'";
-    sqlx::raw_sql(&format!(
-        r#"
-        insert into modules (tenant, task_type, version, sha256, bytes)
-        values ('acme', 'mixed', 1, repeat('a', 64), '\x00'),
-               ('acme', 'idle', 1, repeat('b', 64), '\x00');
-        insert into active_modules (tenant, task_type, version)
-        values ('acme', 'mixed', 1), ('acme', 'idle', 1);
-        insert into tasks (id, tenant, task_type, payload, state, attempts, lease_owner,
-                           lease_expires_at, run_at)
-        values (1, 'acme', 'mixed', '{{}}', 'pending', 0, null, null, now()),
-               (2, 'acme', 'mixed', '{{}}', 'running', 1, gen_random_uuid(), {later}, now()),
-               (3, 'other', 'later', '{{}}', 'retrying', 1, null, null, {later});
-        select setval('tasks_id_seq', 3);
-        "#
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
+    sqlx::raw_sql(include_str!("fixtures/rows_at_0008.sql")).execute(&pool).await.unwrap();
 
     apply(&pool, |v| v >= 9).await;
 
@@ -146,46 +116,7 @@ async fn an_installation_in_public_moves_to_the_sweep_schema_with_every_row(
 ) {
     let pool = PgPool::connect_with(options.clone()).await.unwrap();
     migrate_the_old_way(&pool, |v| v < 10).await;
-    // Today's rows in every table, plus an application's own table and migration row, which
-    // must stay where they are. Migration 8 carries the checksum of its first text, as the
-    // databases that applied it before its edit do.
-    sqlx::raw_sql(
-        r#"
-        insert into tenants (name, token_sha256, weight, max_running)
-        values ('acme', repeat('c', 64), 3, 7);
-        insert into modules (tenant, task_type, version, sha256, bytes, fuel)
-        values ('acme', 'resize', 1, repeat('a', 64), '\x0061736d', 1000);
-        insert into active_modules (tenant, task_type, version) values ('acme', 'resize', 1);
-        insert into queues (tenant, task_type, weight) values ('acme', 'resize', 3);
-        insert into tasks (id, tenant, task_type, payload, state, attempts, run_at)
-        values (1, 'acme', 'resize', '{"n": 1}', 'pending', 0, now() - interval '1 second'),
-               (2, 'acme', 'resize', '{"n": 2}', 'retrying', 1, now() + interval '1 hour');
-        insert into finished_tasks (id, tenant, task_type, payload, state, priority, attempts,
-                                    max_attempts, run_at, errors, result, created_at,
-                                    finished_at)
-        values (3, 'acme', 'resize', '{"n": 3}', 'succeeded', 0, 1, 5, now(), '[]',
-                '{"ok": true}', now(), now()),
-               (4, 'acme', 'resize', '{"n": 4}', 'cancelled', 0, 0, 5, now(), '[]', null,
-                now(), now());
-        insert into dead_tasks (id, tenant, task_type, payload, priority, attempts,
-                                max_attempts, reason, errors, created_at)
-        values (5, 'acme', 'resize', '{"n": 5}', 0, 5, 5, 'timeout', '[{"kind": "timeout"}]',
-                now());
-        insert into runners (id, host, pid) values (gen_random_uuid(), 'old-host', 42);
-        select setval('tasks_id_seq', 5);
-        update queues set next_run_at = now() where tenant = 'acme';
-        update _sqlx_migrations
-        set checksum = decode('12ab7aa9da32ab8bbd536842107cbe82cb47e3f4d5335efdc0858a63c4840e15241e4ab02cb17867e39065ecf619080b', 'hex')
-        where version = 8;
-        create table orders (id int primary key);
-        insert into orders values (1);
-        insert into _sqlx_migrations (version, description, success, checksum, execution_time)
-        values (20240101000000, 'the application''s own', true, '\x01', 1);
-        "#,
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    sqlx::raw_sql(include_str!("fixtures/rows_at_0009.sql")).execute(&pool).await.unwrap();
     let before = Store::open_with(options.clone(), Role::Runner, 1).await.expect_err("old schema");
     assert!(before.to_string().contains("sweep migrate"), "{before}");
 

@@ -67,7 +67,11 @@ async fn c_and_zig_handlers_succeed_and_fail_permanently_through_a_runner(
         let last_error = t.last_error.as_deref().unwrap_or("");
         assert!(last_error.contains(reason), "{task_type}: {last_error:?} lacks {reason:?}");
         let dead = queue::list_dead(&pool, None, Some(task_type), None, 10).await.expect("dead");
-        assert_eq!((dead.len(), dead[0].reason.as_str()), (1, FailureKind::HandlerError.as_str()), "{task_type}");
+        assert_eq!(
+            (dead.len(), dead[0].reason.as_str()),
+            (1, FailureKind::HandlerError.as_str()),
+            "{task_type}"
+        );
     }
     runner.stop().await;
 }
