@@ -8,11 +8,10 @@ use std::{collections::HashSet, time::Duration};
 use common::*;
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sweep::queue::{self, RetryPolicy, TaskState};
+use sweep::queue::{self, ModuleSettings, RetryPolicy, TaskState};
 
-fn instant_retry(_: &str) -> RetryPolicy {
-    RetryPolicy { base: Duration::ZERO, cap: Duration::ZERO, jitter: 0.0 }
-}
+const INSTANT_RETRY: RetryPolicy =
+    RetryPolicy { base: Duration::ZERO, cap: Duration::ZERO, jitter: 0.0 };
 
 #[sqlx::test(migrations = false)]
 async fn reaper_rescues_the_tasks_of_a_runner_that_stopped_heartbeating(
@@ -29,7 +28,7 @@ async fn reaper_rescues_the_tasks_of_a_runner_that_stopped_heartbeating(
     let kept = queue::claim_batch(&pool, live_runner, 2, &[], Duration::ZERO).await.unwrap();
     queue::heartbeat_leases(&pool, live_runner, Duration::from_secs(600)).await.unwrap();
 
-    let policy = |_: &str| RetryPolicy { jitter: 0.0, ..RetryPolicy::default() };
+    let policy = RetryPolicy { jitter: 0.0, ..RetryPolicy::default() };
     let report = queue::reap_expired(&pool, reaper, 100, policy).await.unwrap();
     let rescued: HashSet<_> = report.retrying.iter().chain(&report.dead).copied().collect();
     assert_eq!(rescued, orphans.iter().map(|c| c.id).collect());
@@ -46,12 +45,52 @@ async fn reaper_rescues_the_tasks_of_a_runner_that_stopped_heartbeating(
             assert_eq!(t.state, TaskState::Dead, "no attempts left");
         } else {
             assert_eq!(t.state, TaskState::Retrying);
-            // The task type's backoff applies: 60 s * 2^1.
+            // No module sets a backoff: the default applies, 60 s * 2^1.
             let wait = t.run_at.unwrap() - chrono::Utc::now();
             assert!(wait > chrono::Duration::seconds(100), "{wait}");
         }
     }
     assert!(queue::reap_expired(&pool, reaper, 100, policy).await.unwrap().retrying.is_empty());
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_rescued_task_backs_off_with_its_task_types_policy(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let quick = ModuleSettings {
+        backoff_base_ms: Some(100),
+        backoff_cap_ms: Some(300),
+        ..ModuleSettings::default()
+    };
+    register(&pool, "quick", "noop", quick).await;
+    let id = queue::enqueue(&pool, task("quick", 0)).await.unwrap().id;
+    // Two attempts lost to dead runners: the second rescue's backoff (100 ms * 2^2) is capped at 300.
+    for attempt in 1..=2 {
+        let lost = queue::claim_batch(&pool, new_runner(), 1, &[], Duration::ZERO).await.unwrap();
+        assert_eq!(lost.iter().map(|c| (c.id, c.attempt)).collect::<Vec<_>>(), [(id, attempt)]);
+        let slow_default = RetryPolicy { jitter: 0.0, ..RetryPolicy::default() };
+        let report = queue::reap_expired(&pool, new_runner(), 10, slow_default).await.unwrap();
+        assert_eq!(report.retrying, [id]);
+        // Measured in the database's clock, right after the rescue.
+        let (wait_ms,): (f64,) = sqlx::query_as(
+            "select (extract(epoch from run_at - now()) * 1000)::float8 from sweep.tasks where id = $1",
+        )
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let expected = [200.0, 300.0][attempt as usize - 1];
+        assert!(wait_ms <= expected && wait_ms > expected - 100.0, "attempt {attempt}: {wait_ms}");
+        // Due again at once for the next round.
+        sqlx::query("update sweep.tasks set run_at = now() where id = $1")
+            .bind(id)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
 }
 
 #[sqlx::test(migrations = false)]
@@ -67,7 +106,7 @@ async fn concurrent_reapers_rescue_each_task_once(_: PgPoolOptions, db: PgConnec
             let me = new_runner();
             let mut got = Vec::new();
             loop {
-                let r = queue::reap_expired(&pool, me, 7, instant_retry).await.unwrap();
+                let r = queue::reap_expired(&pool, me, 7, INSTANT_RETRY).await.unwrap();
                 assert!(r.lost.is_empty());
                 if r.retrying.is_empty() {
                     return got;

@@ -142,8 +142,7 @@ async fn a_report_after_the_lease_was_lost_is_rejected(_: PgPoolOptions, db: PgC
     enqueue_n(&pool, "t", 2).await;
     let mine = queue::claim_batch(&pool, a, 2, &[], Duration::ZERO).await.unwrap();
     // Runner a stops heartbeating; the reaper rescues both tasks and b runs the first again.
-    let no_backoff =
-        |_: &str| queue::RetryPolicy { jitter: 0.0, base: Duration::ZERO, cap: Duration::ZERO };
+    let no_backoff = queue::RetryPolicy { jitter: 0.0, base: Duration::ZERO, cap: Duration::ZERO };
     let rescued = queue::reap_expired(&pool, b, 10, no_backoff).await.unwrap();
     assert_eq!(rescued.retrying.len(), 2);
     let (c0, c1) = (&mine[0], &mine[1]);

@@ -12,8 +12,8 @@ use sqlx::{Acquire, PgExecutor, Postgres};
 use uuid::Uuid;
 
 use super::{
-    fail_batch, sql_count, sql_millis, Failure, FailureKind, FailureReport, QueueError,
-    RetryPolicy, TaskId,
+    fail_batch, sql_count, sql_millis, Failure, FailureKind, FailureReport, ModuleSettings,
+    QueueError, RetryPolicy, TaskId,
 };
 
 /// A running task whose lease expired, now taken over by the reaper.
@@ -23,10 +23,14 @@ pub struct RescuedTask {
     pub task_type: String,
     pub attempt: i32,
     pub previous_owner: Uuid,
+    /// The backoff settings of its type's active module (only the backoff fields are read).
+    pub backoff: ModuleSettings,
 }
 
 /// Rescues up to `limit` tasks whose lease expired: each becomes a failed attempt of kind
-/// [`FailureKind::LeaseExpired`] (retrying with the task type's backoff, or dead when out of attempts).
+/// [`FailureKind::LeaseExpired`], retrying after its task type's backoff (its active module's
+/// settings over `default_policy`, exactly as the worker retries a failed attempt) or dead when
+/// out of attempts.
 ///
 /// Two steps, each fenced: the reaper first takes the expired lease over (so two reapers
 /// never rescue the same task, and a crash between the steps only leaves a lease that expires
@@ -35,7 +39,7 @@ pub async fn reap_expired<'c, A>(
     conn: A,
     reaper: Uuid,
     limit: usize,
-    policy_for: impl Fn(&str) -> RetryPolicy,
+    default_policy: RetryPolicy,
 ) -> Result<FailureReport, QueueError>
 where
     A: Acquire<'c, Database = Postgres>,
@@ -45,16 +49,13 @@ where
     if rescued.is_empty() {
         return Ok(FailureReport::default());
     }
-    let failures = rescued_failures(&rescued, policy_for);
+    let failures = rescued_failures(&rescued, default_policy);
     fail_batch(&mut *conn, reaper, &failures).await
 }
 
 /// The failed attempt each rescued task is charged with (the thread-local rng must not live
 /// across an await, hence a plain function).
-fn rescued_failures(
-    rescued: &[RescuedTask],
-    policy_for: impl Fn(&str) -> RetryPolicy,
-) -> Vec<Failure> {
+fn rescued_failures(rescued: &[RescuedTask], default_policy: RetryPolicy) -> Vec<Failure> {
     let mut rng = rand::rng();
     rescued
         .iter()
@@ -67,7 +68,8 @@ fn rescued_failures(
                 t.previous_owner, t.attempt
             ),
             permanent: false,
-            retry_delay: policy_for(&t.task_type)
+            retry_delay: default_policy
+                .for_module(Some(&t.backoff))
                 .delay(u32::try_from(t.attempt).unwrap_or(0), &mut rng),
             detail: serde_json::json!({ "runner": t.previous_owner }),
             module_sha256: None,
@@ -80,18 +82,22 @@ async fn take_over_expired<'c, E: PgExecutor<'c>>(
     reaper: Uuid,
     limit: usize,
 ) -> Result<Vec<RescuedTask>, QueueError> {
-    let rows: Vec<(TaskId, String, i32, Uuid)> = sqlx::query_as(TAKE_OVER_EXPIRED)
-        .bind(reaper)
-        .bind(sql_count(limit))
-        .fetch_all(executor)
-        .await?;
+    let rows: Vec<(TaskId, String, i32, Uuid, Option<i64>, Option<i64>)> =
+        sqlx::query_as(TAKE_OVER_EXPIRED)
+            .bind(reaper)
+            .bind(sql_count(limit))
+            .fetch_all(executor)
+            .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, task_type, attempt, previous_owner)| RescuedTask {
-            id,
-            task_type,
-            attempt,
-            previous_owner,
+        .map(|(id, task_type, attempt, previous_owner, backoff_base_ms, backoff_cap_ms)| {
+            RescuedTask {
+                id,
+                task_type,
+                attempt,
+                previous_owner,
+                backoff: ModuleSettings { backoff_base_ms, backoff_cap_ms, ..Default::default() },
+            }
         })
         .collect())
 }
@@ -158,7 +164,14 @@ const TAKE_OVER_EXPIRED: &str = concat!(
     -- A TID scan: a version newer than this statement's snapshot (renewed or reported
     -- meanwhile, so no longer expired anyway) is not found and simply not taken over.
     where t.ctid = expired.ctid
-    returning t.id, t.task_type, t.attempts, expired.lease_owner
+    returning t.id, t.task_type, t.attempts, expired.lease_owner,
+              -- the backoff of the type's active module, as the worker applies to failures
+              (select m.backoff_base_ms from sweep.active_modules a
+               join sweep.modules m using (tenant, task_type, version)
+               where a.tenant = t.tenant and a.task_type = t.task_type),
+              (select m.backoff_cap_ms from sweep.active_modules a
+               join sweep.modules m using (tenant, task_type, version)
+               where a.tenant = t.tenant and a.task_type = t.task_type)
     "#
 );
 const DELETE_FINISHED: &str = r#"

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use rand::Rng;
 
+use super::ModuleSettings;
+
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(60);
 pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(3600);
 /// A delay is scaled by a random factor in `[1 - jitter, 1]`: jitter never exceeds the cap.
@@ -55,6 +57,22 @@ impl RetryPolicy {
         Ok(())
     }
 
+    /// This policy with a module's backoff settings (`backoff_base_ms`, `backoff_cap_ms`) in
+    /// place of its own: what the worker applies to a failed attempt and the reaper to a
+    /// rescued one. Nonsense settings (negative) fall back to this policy's.
+    pub fn for_module(self, settings: Option<&ModuleSettings>) -> RetryPolicy {
+        let ms = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).map(Duration::from_millis);
+        let Some(s) = settings else { return self };
+        let policy = RetryPolicy {
+            base: ms(s.backoff_base_ms).unwrap_or(self.base),
+            cap: ms(s.backoff_cap_ms).unwrap_or(self.cap),
+            jitter: self.jitter,
+        };
+        // The registry checks base <= cap for explicit pairs; a base above the default cap
+        // alone lifts the cap with it.
+        RetryPolicy { cap: policy.cap.max(policy.base), ..policy }
+    }
+
     /// The backoff after `attempts` failed attempts, before jitter: `base * 2^attempts`,
     /// never above the cap (and never overflowing).
     pub fn backoff(&self, attempts: u32) -> Duration {
@@ -73,6 +91,22 @@ impl RetryPolicy {
 mod tests {
     use super::*;
     use rand::{rngs::StdRng, SeedableRng};
+
+    #[test]
+    fn module_backoff_overrides_the_default() {
+        let default = RetryPolicy::default();
+        let s = ModuleSettings {
+            backoff_base_ms: Some(10),
+            backoff_cap_ms: Some(100),
+            ..Default::default()
+        };
+        let p = default.for_module(Some(&s));
+        assert_eq!((p.base, p.cap), (Duration::from_millis(10), Duration::from_millis(100)));
+        assert_eq!(default.for_module(None), default);
+        let only_base = ModuleSettings { backoff_base_ms: Some(7_200_000), ..Default::default() };
+        let p = default.for_module(Some(&only_base));
+        assert_eq!(p.cap, p.base, "cap lifted to the base");
+    }
 
     #[test]
     fn backoff_doubles_from_base_and_stops_at_cap() {

@@ -13,7 +13,7 @@ use tracing::{field::Empty, Instrument};
 use super::Report;
 use crate::{
     config::WorkerConfig,
-    queue::{self, ClaimedTask, ModuleSettings, RetryPolicy},
+    queue::{self, ClaimedTask, ModuleSettings},
     sandbox::{Execution, LimitOverrides, Limits, ModuleCache, Outcome, Sandbox, TaskInput},
 };
 
@@ -37,7 +37,7 @@ pub(super) async fn execute(
     let lag = (chrono::Utc::now() - task.run_at).as_seconds_f64().max(0.0);
     metrics::histogram!(crate::metrics::QUEUE_LAG).record(lag);
     async move {
-        let retry = retry_policy(config.retry, task.module.as_ref().map(|m| &m.settings));
+        let retry = config.retry.for_module(task.module.as_ref().map(|m| &m.settings));
         let (execution, sha256) = match &task.module {
             None => (not_run(Outcome::ModuleMissing), None),
             Some(module) => {
@@ -94,19 +94,6 @@ fn overrides(s: &ModuleSettings) -> LimitOverrides {
 }
 
 /// The module's backoff settings over the runner default.
-fn retry_policy(default: RetryPolicy, settings: Option<&ModuleSettings>) -> RetryPolicy {
-    let ms = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).map(Duration::from_millis);
-    let Some(s) = settings else { return default };
-    let policy = RetryPolicy {
-        base: ms(s.backoff_base_ms).unwrap_or(default.base),
-        cap: ms(s.backoff_cap_ms).unwrap_or(default.cap),
-        jitter: default.jitter,
-    };
-    // The registry checks base <= cap for explicit pairs; a base above the default cap alone
-    // lifts the cap with it.
-    RetryPolicy { cap: policy.cap.max(policy.base), ..policy }
-}
-
 fn not_run(outcome: Outcome) -> Execution {
     Execution {
         outcome,
@@ -137,22 +124,6 @@ fn record(task: &ClaimedTask, execution: &Execution) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn module_backoff_overrides_the_default() {
-        let default = RetryPolicy::default();
-        let s = ModuleSettings {
-            backoff_base_ms: Some(10),
-            backoff_cap_ms: Some(100),
-            ..Default::default()
-        };
-        let p = retry_policy(default, Some(&s));
-        assert_eq!((p.base, p.cap), (Duration::from_millis(10), Duration::from_millis(100)));
-        assert_eq!(retry_policy(default, None), default);
-        let only_base = ModuleSettings { backoff_base_ms: Some(7_200_000), ..Default::default() };
-        let p = retry_policy(default, Some(&only_base));
-        assert_eq!(p.cap, p.base, "cap lifted to the base");
-    }
 
     #[test]
     fn nonsense_overrides_fall_back_to_defaults() {

@@ -36,9 +36,8 @@ pub(super) async fn run(
 ) {
     let m = &config.maintenance;
     let reaper = every(m.reaper_interval, stop.clone(), || async {
-        // Rescued tasks back off with the runner's default policy.
-        let policy = config.retry;
-        match queue::reap_expired(&pool, runner, REAP_BATCH, |_| policy).await {
+        // Rescued tasks back off with their type's policy, over the runner's default.
+        match queue::reap_expired(&pool, runner, REAP_BATCH, config.retry).await {
             Ok(r) if !(r.retrying.is_empty() && r.dead.is_empty()) => tracing::warn!(
                 retrying = r.retrying.len(),
                 dead = r.dead.len(),
