@@ -43,7 +43,8 @@ struct Base(PathBuf);
 
 impl Base {
     fn new(name: &str) -> Base {
-        let dir = std::env::temp_dir().join(format!("sweep-dev-test-{name}-{}", uuid::Uuid::new_v4()));
+        let dir =
+            std::env::temp_dir().join(format!("sweep-dev-test-{name}-{}", uuid::Uuid::new_v4()));
         Base(dir)
     }
 }
@@ -92,7 +93,9 @@ async fn start(base: &Path, keep: bool) -> Dev {
             .await
             .expect("sweep dev printed its URLs in time")
             .expect("read stdout")
-            .unwrap_or_else(|| panic!("sweep dev exited before it was ready: {:?}", child.try_wait()));
+            .unwrap_or_else(|| {
+                panic!("sweep dev exited before it was ready: {:?}", child.try_wait())
+            });
         let mut words = line.split_whitespace();
         match (words.next(), words.next()) {
             (Some("api"), Some(url)) => api = Some(url.to_owned()),
@@ -217,7 +220,12 @@ impl Dev {
 async fn dev_serves_the_examples_and_cleans_up_on_sigint() {
     let base = Base::new("throwaway");
     let dev = start(&base.0, false).await;
-    assert!(dev.data_dir.starts_with(&base.0), "{} under {}", dev.data_dir.display(), base.0.display());
+    assert!(
+        dev.data_dir.starts_with(&base.0),
+        "{} under {}",
+        dev.data_dir.display(),
+        base.0.display()
+    );
 
     let id = dev.enqueue_wordcount("a b a").await;
     let result = dev.wait_succeeded(id).await;

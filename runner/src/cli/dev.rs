@@ -119,7 +119,10 @@ async fn serve_dev(
         }
         None => println!("  database   {}", redact(url)),
     }
-    println!("  modules    {}", if registered.is_empty() { "-".into() } else { registered.join(" ") });
+    println!(
+        "  modules    {}",
+        if registered.is_empty() { "-".into() } else { registered.join(" ") }
+    );
     if !missing.is_empty() {
         println!(
             "  (not built: {}; run scripts/build-modules.sh and restart)",

@@ -162,8 +162,7 @@ impl LocalPostgres {
         if tokio::time::timeout(STOP_TIMEOUT, exited.wait_for(Option::is_some)).await.is_err() {
             tracing::warn!("Postgres did not stop within {STOP_TIMEOUT:?}; telling it to quit");
             let _ = rustix::process::kill_process(self.pid, Signal::QUIT);
-            if tokio::time::timeout(STOP_TIMEOUT, exited.wait_for(Option::is_some)).await.is_err()
-            {
+            if tokio::time::timeout(STOP_TIMEOUT, exited.wait_for(Option::is_some)).await.is_err() {
                 bail!(
                     "Postgres (pid {}) did not stop; its data is left in {}",
                     self.pid.as_raw_nonzero(),
@@ -189,8 +188,7 @@ impl Drop for LocalPostgres {
 
 /// Removes a throwaway data directory, or the kept directory's owner file.
 fn release_dir(base: &Path, dir: &Path, keep: bool) {
-    let result =
-        if keep { fs::remove_file(base.join(KEPT_PID)) } else { fs::remove_dir_all(dir) };
+    let result = if keep { fs::remove_file(base.join(KEPT_PID)) } else { fs::remove_dir_all(dir) };
     if let Err(e) = result {
         if e.kind() != io::ErrorKind::NotFound {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot clean up the data directory");
@@ -289,8 +287,9 @@ fn default_base_dir() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")));
     match data_home {
         Some(d) => d.join("sweep/dev"),
-        None => std::env::temp_dir()
-            .join(format!("sweep-dev-{}", rustix::process::geteuid().as_raw())),
+        None => {
+            std::env::temp_dir().join(format!("sweep-dev-{}", rustix::process::geteuid().as_raw()))
+        }
     }
 }
 
@@ -340,8 +339,8 @@ fn read_pid(path: &Path) -> Option<i32> {
 
 /// Stops the servers of dead runs and removes their throwaway directories.
 async fn clean_stale(base: &Path) -> anyhow::Result<()> {
-    let entries =
-        fs::read_dir(base).with_context(|| format!("reading the data directory {}", base.display()))?;
+    let entries = fs::read_dir(base)
+        .with_context(|| format!("reading the data directory {}", base.display()))?;
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("run-")) else { continue };
@@ -518,11 +517,8 @@ async fn launch(
                 Launch::Failed(error)
             });
         }
-        let attempt = tokio::time::timeout(
-            Duration::from_secs(2),
-            sqlx::PgConnection::connect(&url),
-        )
-        .await;
+        let attempt =
+            tokio::time::timeout(Duration::from_secs(2), sqlx::PgConnection::connect(&url)).await;
         if let Ok(Ok(conn)) = attempt {
             let _ = conn.close().await;
             return Ok((port, pid, exited));

@@ -4,6 +4,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Context;
+use sqlx::PgPool;
 use sweep::{
     admin::{self, AdminState},
     config::{MaintenanceConfig, WorkerConfig},
@@ -11,7 +12,6 @@ use sweep::{
     sandbox::{Limits, Sandbox, SandboxConfig},
     worker::{self, Worker, WorkerSummary},
 };
-use sqlx::PgPool;
 
 use tokio::sync::watch;
 
