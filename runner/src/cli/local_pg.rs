@@ -83,6 +83,9 @@ impl LocalPostgres {
         let bin = find_bin_dir(args.pg_bin.as_deref())?;
         let user = server_user().await?;
         let base = args.data_dir.clone().unwrap_or_else(default_base_dir);
+        // The server runs in `/` (the caller's directory may be closed to it).
+        let base = std::path::absolute(&base)
+            .with_context(|| format!("resolving the data directory {}", base.display()))?;
         create_base(&base, user.is_some())?;
         clean_stale(&base).await?;
         let dir = if keep {
@@ -380,6 +383,10 @@ async fn stop_orphan(dir: &Path) -> anyhow::Result<()> {
     let Some(pid) = read_pid(&dir.join("postmaster.pid")).and_then(Pid::from_raw) else {
         return Ok(());
     };
+    if !serves(pid, dir) {
+        // A stale pid file whose number now belongs to another process.
+        return Ok(());
+    }
     for signal in [Signal::INT, Signal::QUIT] {
         if !process_alive(pid.as_raw_nonzero().get()) {
             return Ok(());
@@ -395,6 +402,16 @@ async fn stop_orphan(dir: &Path) -> anyhow::Result<()> {
         bail!("Postgres (pid {}) in {} does not stop", pid.as_raw_nonzero(), dir.display());
     }
     Ok(())
+}
+
+/// Whether `pid` is a postmaster started on `dir` (its command line holds `-D dir`). Without
+/// /proc (not Linux) the pid file is taken at its word.
+fn serves(pid: Pid, dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    match fs::read(format!("/proc/{}/cmdline", pid.as_raw_nonzero())) {
+        Ok(cmdline) => cmdline.split(|b| *b == 0).any(|arg| arg == dir.as_os_str().as_bytes()),
+        Err(_) => !cfg!(target_os = "linux"),
+    }
 }
 
 // ---- initdb and postgres ------------------------------------------------------------------
@@ -588,7 +605,7 @@ mod tests {
         assert_eq!(major_version("15"), 15);
         assert_eq!(major_version("16.2"), 16);
         assert_eq!(major_version("main"), 0);
-        let mut v = vec![(major_version("9"), "a"), (major_version("15"), "b")];
+        let mut v = [(major_version("9"), "a"), (major_version("15"), "b")];
         v.sort();
         assert_eq!(v.last().map(|x| x.1), Some("b"));
     }
