@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The main job, end to end: builds the example Wasm modules, then runs `sweep demo` against the
-# Postgres server of SWEEP_DEMO_DATABASE_URL (default: a fresh `sweep_demo` database on
-# 127.0.0.1:5432, dropped and recreated on every run).
+# The main job, end to end: builds the example Wasm modules, then runs `sweep demo`, which starts
+# a throwaway Postgres server from the installed binaries (or, with SWEEP_DEMO_DATABASE_URL, uses
+# that server's `sweep_demo` database, dropped and recreated on every run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build-modules.sh >/dev/null

@@ -1,6 +1,6 @@
 //! Who is calling: bearer tokens, the operator, tenants, and which tenant a request acts on.
 //!
-//! Owns: token minting and hashing, the [`authenticate`] filter, [`Caller`] and its scoping
+//! Owns: token minting, rotation and hashing, the [`authenticate`] filter, [`Caller`] and its scoping
 //! rules.
 //!
 //! Invariants:
@@ -50,6 +50,17 @@ pub async fn create_tenant(
 ) -> Result<(Tenant, String), queue::TenantError> {
     let (token, hash) = new_token();
     let tenant = queue::create_tenant(pool, name, &hash, caps).await?;
+    Ok((tenant, token))
+}
+
+/// Gives existing tenant `name` a new token and returns it; the old one stops working. Like
+/// a new tenant's, the token is shown once: only its hash is stored.
+pub async fn rotate_token(
+    pool: &PgPool,
+    name: &str,
+) -> Result<(Tenant, String), queue::TenantError> {
+    let (token, hash) = new_token();
+    let tenant = queue::set_tenant_token(pool, name, &hash).await?;
     Ok((tenant, token))
 }
 

@@ -36,7 +36,7 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-pub use auth::{create_tenant, hash_token, new_token, Caller, TOKEN_PREFIX};
+pub use auth::{create_tenant, hash_token, new_token, rotate_token, Caller, TOKEN_PREFIX};
 pub use config::{
     AdminConfig, AdminConfigError, DEFAULT_ADDR, DEFAULT_MAX_BATCH,
     DEFAULT_MAX_CONCURRENT_VALIDATIONS, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_MODULE_BYTES,

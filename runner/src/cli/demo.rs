@@ -1,30 +1,35 @@
 //! `sweep demo`: the README's main job. Against a fresh Postgres database it registers the
 //! example modules, enqueues real work plus a few misbehaving tasks, runs a runner until every
 //! task has settled, and prints what happened to each (results, retries, dead letters).
+//! Without a database URL it runs on a throwaway server of its own (see `local_pg`).
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 use sqlx::{migrate::MigrateDatabase, Postgres};
 use sweep::{
-    queue::{self, ModuleSettings, NewTask, Role, Store, TaskState, TaskView},
-    sandbox::sha256_hex,
+    queue::{self, ModuleSettings, NewTask, Registered, Role, Store, TaskState, TaskView},
+    sandbox::{sha256_hex, Sandbox},
     worker::Worker,
 };
 use tokio::sync::oneshot;
 
+use super::local_pg::{LocalPgArgs, LocalPostgres};
 use super::serve::{default_modules_dir, WorkerArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
-    /// The demo's own database: dropped and created afresh on every run.
-    #[arg(
-        long,
-        env = "SWEEP_DEMO_DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/sweep_demo"
-    )]
-    pub database_url: String,
+    /// The demo's own database, dropped and created afresh on every run (e.g.
+    /// postgres://postgres@127.0.0.1:5432/sweep_demo). Without one, the demo starts a
+    /// throwaway Postgres server from the binaries installed here and removes it afterwards.
+    #[arg(long, env = "SWEEP_DEMO_DATABASE_URL")]
+    pub database_url: Option<String>,
+    #[command(flatten)]
+    pub local: LocalPgArgs,
     /// Where the built Wasm modules are (see scripts/build-modules.sh).
     #[arg(long, default_value_os_t = default_modules_dir())]
     pub modules_dir: PathBuf,
@@ -32,8 +37,8 @@ pub struct DemoArgs {
     pub worker: WorkerArgs,
 }
 
-/// (task type, module file, registry settings)
-fn modules() -> Vec<(&'static str, &'static str, ModuleSettings)> {
+/// The example modules: (task type, module file name without `.wasm`, registry settings).
+pub fn modules() -> Vec<(&'static str, &'static str, ModuleSettings)> {
     let quick_retry = ModuleSettings {
         backoff_base_ms: Some(100),
         backoff_cap_ms: Some(1000),
@@ -80,7 +85,28 @@ fn tasks() -> Vec<NewTask> {
 }
 
 pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
-    let url = &args.database_url;
+    if let Some(url) = args.database_url.as_deref().filter(|u| !u.is_empty()) {
+        return run_demo(&args, url).await;
+    }
+    let pg = LocalPostgres::start(&args.local, false)
+        .await
+        .context("starting a Postgres server for the demo (or pass --database-url)")?;
+    println!(
+        "== started Postgres {} on {} (data in {}, removed afterwards)",
+        pg.version(),
+        pg.url("sweep_demo"),
+        pg.data_dir().display(),
+    );
+    let url = pg.url("sweep_demo");
+    let result = tokio::select! {
+        result = run_demo(&args, &url) => result,
+        () = sweep::worker::shutdown_signal() => Err(anyhow::anyhow!("interrupted")),
+    };
+    let stopped = pg.stop().await.context("stopping the demo's Postgres server");
+    result.and(stopped)
+}
+
+async fn run_demo(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
     if Postgres::database_exists(url).await.context("reaching Postgres")? {
         Postgres::drop_database(url).await.context("dropping the previous demo database")?;
     }
@@ -92,25 +118,20 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     println!("== registering modules from {}", args.modules_dir.display());
     for (task_type, file, settings) in modules() {
         let path = args.modules_dir.join(format!("{file}.wasm"));
-        let bytes = std::fs::read(&path).with_context(|| {
-            format!("reading {} (run scripts/build-modules.sh first)", path.display())
-        })?;
-        worker.sandbox().validate_module(&bytes).with_context(|| format!("validating {file}"))?;
-        let sha256 = sha256_hex(&bytes);
-        let reg = queue::register_module(
+        let (reg, size) = register_example(
             &pool,
+            worker.sandbox(),
             queue::DEFAULT_TENANT,
             task_type,
-            &sha256,
-            &bytes,
+            &path,
             &settings,
         )
         .await?;
         println!(
             "  {task_type:<10} v{} sha256 {}… {:>4} KiB  {}",
             reg.module.version,
-            &sha256[..12],
-            bytes.len() / 1024,
+            &reg.module.sha256[..12.min(reg.module.sha256.len())],
+            size / 1024,
             describe_settings(&settings)
         );
     }
@@ -141,6 +162,27 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     }
     pool.close().await;
     Ok(())
+}
+
+/// Validates the module at `path` and registers it for `tenant` as `task_type`; returns the
+/// registration and the module's size.
+pub async fn register_example(
+    pool: &sqlx::PgPool,
+    sandbox: &Sandbox,
+    tenant: &str,
+    task_type: &str,
+    path: &Path,
+    settings: &ModuleSettings,
+) -> anyhow::Result<(Registered, usize)> {
+    let bytes = std::fs::read(path).with_context(|| {
+        format!("reading {} (run scripts/build-modules.sh first)", path.display())
+    })?;
+    sandbox.validate_module(&bytes).with_context(|| format!("validating {}", path.display()))?;
+    let sha256 = sha256_hex(&bytes);
+    let reg = queue::register_module(pool, tenant, task_type, &sha256, &bytes, settings)
+        .await
+        .with_context(|| format!("registering {task_type} for tenant {tenant}"))?;
+    Ok((reg, bytes.len()))
 }
 
 /// Polls until every task has succeeded or died (a demo may poll; tests await events).

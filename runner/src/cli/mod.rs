@@ -1,11 +1,13 @@
 //! The `sweep` command line: argument definitions and dispatch. Flags and environment are
 //! parsed here, once, into the library's plain config structs.
 //!
-//! Server-side commands (`migrate`, `run`, `demo`) talk to Postgres directly; client
+//! Server-side commands (`migrate`, `run`, `demo`, `dev`) talk to Postgres directly; client
 //! commands (`tenant`, `module`, `enqueue`, `task`, `stats`, `dead`) talk to the admin API.
 
 mod client;
 mod demo;
+mod dev;
+mod local_pg;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +39,9 @@ pub enum Command {
     Run(serve::RunArgs),
     /// Register the example modules, enqueue work, run it and show what happened.
     Demo(demo::DemoArgs),
+    /// Start Postgres (unless given a URL), a runner, the admin API and the dashboard, with
+    /// the example modules registered for tenant `dev`; print the URLs and a token.
+    Dev(dev::DevArgs),
     /// Serve the admin API alone (no runner) until SIGINT/SIGTERM.
     Admin(client::AdminArgs),
     /// Create or list tenants (operator; talks to Postgres directly).
@@ -62,6 +67,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate(db) => serve::migrate(db).await,
         Command::Run(args) => serve::run(args).await,
         Command::Demo(args) => demo::demo(args).await,
+        Command::Dev(args) => dev::dev(args).await,
         Command::Admin(args) => client::admin(args).await,
         Command::Tenant(command) => client::tenant(command).await,
         Command::Module(command) => client::module(command).await,

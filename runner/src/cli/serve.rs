@@ -1,10 +1,16 @@
-//! Server-side commands: `migrate`, `run` and `demo`. They talk to Postgres directly.
+//! Server-side commands: `migrate` and `run`, and the [`Runner`] (a runner with its admin
+//! API) that `run` and `dev` serve. They talk to Postgres directly.
+
+use std::net::SocketAddr;
 
 use anyhow::Context;
+use sqlx::PgPool;
 use sweep::{
     admin::{self, AdminState},
+    config::WorkerConfig,
     queue::{self, Role, Store},
-    worker::{self, Worker},
+    sandbox::Sandbox,
+    worker::{self, Worker, WorkerSummary},
 };
 
 use tokio::sync::watch;
@@ -46,42 +52,106 @@ const ADMIN_CONNECTIONS: u32 = 4;
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = args.worker.to_config();
     config.validate().context("invalid runner settings")?;
-    let connections = u32::try_from(config.concurrency / 4 + config.claimers + 4).unwrap_or(32);
-    let store = Store::open(&args.db.database_url, Role::Runner, connections)
-        .await
-        .context("opening the database")?;
-    let worker = Worker::new(&store, config).context("starting the runner")?;
+    let admin = (!args.no_admin).then_some(&args.admin);
+    let runner = Runner::new(&args.db.database_url, config, admin).await?;
+    let summary = runner.run(stop_on_signal()).await?;
+    println!("runner stopped: {} tasks claimed, {} handed back", summary.claimed, summary.released);
+    Ok(())
+}
 
-    // One signal stops both the runner and its admin API.
+/// Connections a runner's pool needs for `config`.
+pub fn pool_size(config: &WorkerConfig) -> u32 {
+    u32::try_from(config.concurrency / 4 + config.claimers + 4).unwrap_or(32)
+}
+
+/// A channel that turns `true` on SIGINT or SIGTERM. Listening starts at once, so a signal
+/// that arrives while the caller is still starting up is not lost.
+pub fn stop_on_signal() -> watch::Receiver<bool> {
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         worker::shutdown_signal().await;
         let _ = stop_tx.send(true);
     });
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let admin = if args.no_admin {
-        None
-    } else {
-        // Built before the runner starts, so the metrics recorder sees every task. The API
-        // has connections of its own: its reads never wait for the runner's.
-        let admin_store = Store::open(&args.db.database_url, Role::Admin, ADMIN_CONNECTIONS)
-            .await
-            .context("opening the database for the admin API")?;
-        let state = AdminState::new(&admin_store, worker.sandbox().clone(), args.admin.to_config())
-            .context("setting up the admin API")?;
-        let listener = tokio::net::TcpListener::bind(args.admin.admin_addr)
-            .await
-            .with_context(|| format!("binding the admin API to {}", args.admin.admin_addr))?;
-        tracing::info!(addr = %args.admin.admin_addr, "admin API listening");
-        Some(tokio::spawn(admin::serve_on(listener, state, stopped(stop_rx.clone()))))
-    };
-    let summary = worker.run(stopped(stop_rx)).await?;
-    if let Some(admin) = admin {
-        admin.await.context("admin API task")?.context("admin API")?;
+    stop_rx
+}
+
+/// A runner and, unless disabled, its admin API on a bound listener, each on a store of its
+/// own role, stopped by one signal. Built before anything runs, so a caller can learn the API's address
+/// (and use the runner's sandbox) first.
+pub struct Runner {
+    store: Store,
+    worker: Worker,
+    admin: Option<(tokio::net::TcpListener, AdminState, Store)>,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner").field("admin_addr", &self.admin_addr()).finish_non_exhaustive()
     }
-    store.close().await;
-    println!("runner stopped: {} tasks claimed, {} handed back", summary.claimed, summary.released);
-    Ok(())
+}
+
+impl Runner {
+    /// Opens the database at `url` (which must be migrated) for the runner and, with `admin`,
+    /// once more for the API, so its reads never wait for the runner's connections.
+    pub async fn new(
+        url: &str,
+        config: WorkerConfig,
+        admin: Option<&AdminServerArgs>,
+    ) -> anyhow::Result<Runner> {
+        config.validate().context("invalid runner settings")?;
+        let store = Store::open(url, Role::Runner, pool_size(&config))
+            .await
+            .context("opening the database")?;
+        let worker = Worker::new(&store, config).context("starting the runner")?;
+        let admin = match admin {
+            None => None,
+            Some(args) => {
+                let admin_store = Store::open(url, Role::Admin, ADMIN_CONNECTIONS)
+                    .await
+                    .context("opening the database for the admin API")?;
+                // Built before the runner starts, so the metrics recorder sees every task.
+                let state =
+                    AdminState::new(&admin_store, worker.sandbox().clone(), args.to_config())
+                        .context("setting up the admin API")?;
+                let listener = tokio::net::TcpListener::bind(args.admin_addr)
+                    .await
+                    .with_context(|| format!("binding the admin API to {}", args.admin_addr))?;
+                Some((listener, state, admin_store))
+            }
+        };
+        Ok(Runner { store, worker, admin })
+    }
+
+    /// The runner's pool.
+    pub fn pool(&self) -> &PgPool {
+        self.store.pool()
+    }
+
+    pub fn sandbox(&self) -> &Sandbox {
+        self.worker.sandbox()
+    }
+
+    /// Where the admin API listens (the real port when asked for port 0).
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|(listener, _, _)| listener.local_addr().ok())
+    }
+
+    /// Serves until `stop` turns true: then the runner stops claiming, lets running tasks
+    /// finish within the grace period and hands the rest back, and the API finishes the
+    /// requests in flight.
+    pub async fn run(self, stop: watch::Receiver<bool>) -> anyhow::Result<WorkerSummary> {
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let admin = self.admin.map(|(listener, state, store)| {
+            (tokio::spawn(admin::serve_on(listener, state, stopped(stop.clone()))), store)
+        });
+        let summary = self.worker.run(stopped(stop)).await?;
+        if let Some((admin, store)) = admin {
+            admin.await.context("admin API task")?.context("admin API")?;
+            store.close().await;
+        }
+        self.store.close().await;
+        Ok(summary)
+    }
 }

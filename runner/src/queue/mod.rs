@@ -101,8 +101,8 @@ pub use runners::{deregister_runner, list_runners, register_runner, RunnerInfo};
 pub use stats::{queue_stats, TypeStats};
 pub use store::{check_schema, migrate, migrate_with, Migrated, Role, Store, StoreError, SCHEMA};
 pub use tenants::{
-    create_tenant, get_tenant, list_tenants, missing_modules, set_tenant_caps, set_tenant_weight,
-    tenant_by_token, Tenant, TenantCaps, TenantError, MAX_WEIGHT,
+    create_tenant, get_tenant, list_tenants, missing_modules, set_tenant_caps, set_tenant_token,
+    set_tenant_weight, tenant_by_token, Tenant, TenantCaps, TenantError, MAX_WEIGHT,
 };
 pub use types::{
     validate_task_type, validate_tenant, ActiveModule, ClaimedTask, NewTask, Schedule, TaskId,

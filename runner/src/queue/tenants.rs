@@ -164,6 +164,21 @@ pub async fn set_tenant_weight<'c, E: PgExecutor<'c>>(
     row.ok_or_else(|| TenantError::NotFound(name.to_owned()))
 }
 
+/// Replaces tenant `name`'s token by the one whose SHA-256 is `token_sha256`; the old token
+/// stops working with this statement.
+pub async fn set_tenant_token<'c, E: PgExecutor<'c>>(
+    executor: E,
+    name: &str,
+    token_sha256: &str,
+) -> Result<Tenant, TenantError> {
+    if !is_sha256_hex(token_sha256) {
+        return Err(TenantError::BadTokenHash);
+    }
+    let row: Option<Tenant> =
+        sqlx::query_as(SET_TOKEN).bind(name).bind(token_sha256).fetch_optional(executor).await?;
+    row.ok_or_else(|| TenantError::NotFound(name.to_owned()))
+}
+
 /// The tenant whose token hashes to `token_sha256`, if any.
 pub async fn tenant_by_token<'c, E: PgExecutor<'c>>(
     executor: E,
@@ -255,9 +270,16 @@ const MISSING_MODULES: &str = r#"
     order by min(t.ord)
     "#;
 
+const SET_TOKEN: &str = r#"
+    update sweep.tenants set token_sha256 = $2 where name = $1
+    returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
+              max_memory_bytes, max_running, created_at
+    "#;
+
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] = statements![
     CREATE_TENANT,
+    SET_TOKEN,
     SET_CAPS,
     SET_WEIGHT,
     BY_TOKEN,
