@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use serde_json::json;
 use sqlx::PgPool;
 use sweep::queue::{self, NewTask, Role, Store};
-use sweep_dev::fixtures as bench_support;
+use sweep_dev::fixtures;
 
 /// Server used when `DATABASE_URL` is unset (the same default as `scripts/test.sh`).
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -81,17 +81,17 @@ pub fn env_usize(name: &str, default: usize) -> usize {
 /// measurement starts from the same physical state (fixture only; never timed).
 pub async fn reset_live_tasks(pool: &PgPool, keep_retained: bool) {
     let keep = keep_retained.then_some(RETAINED_TASK_TYPE);
-    bench_support::reset(pool, keep).await.expect("reset the bench tables");
+    fixtures::reset(pool, keep).await.expect("reset the bench tables");
 }
 
 /// `vacuum analyze tasks`.
 pub async fn vacuum_analyze(pool: &PgPool) {
-    bench_support::vacuum_tasks(pool, true).await.expect("vacuum analyze tasks");
+    fixtures::vacuum_tasks(pool, true).await.expect("vacuum analyze tasks");
 }
 
 /// `vacuum tasks` (no analyze: planner statistics stay as the fixture left them).
 pub async fn vacuum(pool: &PgPool) {
-    bench_support::vacuum_tasks(pool, false).await.expect("vacuum tasks");
+    fixtures::vacuum_tasks(pool, false).await.expect("vacuum tasks");
 }
 
 /// The tasks the benches enqueue: a no-op payload.
@@ -112,14 +112,14 @@ pub async fn fill(pool: &PgPool, n: usize) {
 /// Inserts `n` finished (`succeeded`) tasks, the history a long-running queue keeps until
 /// retention deletes it. Direct SQL: going through claim + complete would take minutes.
 pub async fn insert_retained(pool: &PgPool, n: usize) {
-    bench_support::fill_finished(pool, RETAINED_TASK_TYPE, n)
+    fixtures::fill_finished(pool, RETAINED_TASK_TYPE, n)
         .await
         .expect("insert retained history");
 }
 
 /// Counts finished tasks of `task_type` (fixture only).
 pub async fn count_finished(pool: &PgPool, task_type: &str) -> i64 {
-    bench_support::count_finished(pool, task_type).await.expect("count finished tasks")
+    fixtures::count_finished(pool, task_type).await.expect("count finished tasks")
 }
 
 /// The no-op guest module built by `scripts/build-modules.sh` (override: `SWEEP_NOOP_WASM`).

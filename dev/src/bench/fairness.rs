@@ -1,4 +1,4 @@
-//! `sweep bench fairness`: what one tenant's load does to another's, measured on a real runner.
+//! `sweep-bench fairness`: what one tenant's load does to another's, measured on a real runner.
 //!
 //! Four scenarios, each on a fresh database, each printed as a small table with its target:
 //! - noisy neighbour: tenant B enqueues one small task every 20 ms, alone and then while

@@ -56,7 +56,7 @@ pub struct BenchArgs {
     pub guest: Guest,
 }
 
-/// The no-op guests `sweep bench` can run.
+/// The no-op guests `sweep-bench` can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Guest {
     /// modules/noop: the Rust SDK handler (reads its payload, writes `{}`).
