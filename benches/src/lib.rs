@@ -112,9 +112,7 @@ pub async fn fill(pool: &PgPool, n: usize) {
 /// Inserts `n` finished (`succeeded`) tasks, the history a long-running queue keeps until
 /// retention deletes it. Direct SQL: going through claim + complete would take minutes.
 pub async fn insert_retained(pool: &PgPool, n: usize) {
-    fixtures::fill_finished(pool, RETAINED_TASK_TYPE, n)
-        .await
-        .expect("insert retained history");
+    fixtures::fill_finished(pool, RETAINED_TASK_TYPE, n).await.expect("insert retained history");
 }
 
 /// Counts finished tasks of `task_type` (fixture only).

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 use sweep::sandbox::{
     AllocatorKind, CompiledModule, Limits, Outcome, Sandbox, SandboxConfig, TaskInput, TrapCause,
+    CAPACITY_WAIT,
 };
 
 const WASI: &str = "wasi_snapshot_preview1";
@@ -358,10 +359,10 @@ async fn limits_above_the_maxima_are_capped() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A run beyond the pool's slots is the runner's problem, reported as such (typed, via
-/// `PoolConcurrencyLimitError`), not blamed on the guest.
+/// A run that finds no free slot in the pool waits for one: it starts as soon as the slot
+/// comes back, and the guest never pays for the wait with a failed attempt.
 #[tokio::test(flavor = "current_thread")]
-async fn exhausted_pool_is_a_runner_error() -> anyhow::Result<()> {
+async fn a_run_waits_for_a_free_pool_slot() -> anyhow::Result<()> {
     let sb = Sandbox::new(SandboxConfig {
         pooling: true,
         max_concurrency: 1,
@@ -374,14 +375,41 @@ async fn exhausted_pool_is_a_runner_error() -> anyhow::Result<()> {
     let sleeper = Arc::new(compile(&sb, SLEEP_AN_HOUR)?);
     let held = {
         let (sb, sleeper) = (sb.clone(), Arc::clone(&sleeper));
-        let limits = Limits { timeout: Duration::from_millis(300), ..limits() };
+        let limits = Limits { timeout: Duration::from_millis(200), ..limits() };
         tokio::spawn(async move { sb.run(&sleeper, &input(json!(null)), &limits).await })
     };
     // On this single-threaded runtime the spawned run gets polled here: it instantiates
     // (taking the only slot) and parks in its sleep.
     tokio::task::yield_now().await;
     let out = run(&sb, NOOP, limits()).await?;
-    assert_eq!(out.failure_kind(), Some(FailureKind::RunnerError), "{out:?}");
+    assert_eq!(out, Outcome::Success(json!(null)), "waited for the slot");
+    assert_eq!(held.await?.outcome, Outcome::Timeout);
+    Ok(())
+}
+
+/// A slot that never comes back within the wait is the runner's problem, typed as such
+/// (`NoCapacity`, which the worker hands back to the queue uncounted), not blamed on the guest.
+#[tokio::test(flavor = "current_thread")]
+async fn a_pool_that_stays_full_is_no_capacity() -> anyhow::Result<()> {
+    let sb = Sandbox::new(SandboxConfig {
+        pooling: true,
+        max_concurrency: 1,
+        ..SandboxConfig::default()
+    })?;
+    if sb.allocator() != AllocatorKind::Pooling {
+        eprintln!("pooling unavailable on this host; skipping");
+        return Ok(());
+    }
+    let sleeper = Arc::new(compile(&sb, SLEEP_AN_HOUR)?);
+    let held = {
+        let (sb, sleeper) = (sb.clone(), Arc::clone(&sleeper));
+        let limits = Limits { timeout: CAPACITY_WAIT * 3, ..limits() };
+        tokio::spawn(async move { sb.run(&sleeper, &input(json!(null)), &limits).await })
+    };
+    tokio::task::yield_now().await;
+    let out = run(&sb, NOOP, limits()).await?;
+    assert!(matches!(out, Outcome::NoCapacity(_)), "{out:?}");
+    assert_eq!(out.failure_kind(), Some(FailureKind::RunnerError), "if it were ever recorded");
     assert_eq!(held.await?.outcome, Outcome::Timeout);
     // The slot is free again.
     assert_eq!(run(&sb, NOOP, limits()).await?, Outcome::Success(json!(null)));

@@ -44,7 +44,7 @@ pub use module::{
     sha256_hex, CompiledModule, ModuleInfo, ValidationError, START_EXPORT, WASI_MODULE,
 };
 pub use outcome::{Execution, Outcome, TrapCause, MESSAGE_MAX_BYTES, PERMANENT_EXIT_CODE};
-pub use run::STDERR_TAIL_BYTES;
+pub use run::{CAPACITY_WAIT, STDERR_TAIL_BYTES};
 pub use store::TaskInput;
 
 use store::StoreState;

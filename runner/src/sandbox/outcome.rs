@@ -72,8 +72,11 @@ pub enum Outcome {
     InvalidOutput(String),
     /// No module is registered for the task type (produced by the worker, not the sandbox).
     ModuleMissing,
-    /// The runner could not run the task (e.g. all pool slots busy); not the guest's fault.
+    /// The runner could not run the task; not the guest's fault.
     RunnerError(String),
+    /// The instance pool had no free slot for as long as the sandbox waits for one. Nothing of
+    /// the guest ran: the worker hands the task back to the queue without counting an attempt.
+    NoCapacity(String),
 }
 
 impl Outcome {
@@ -90,14 +93,17 @@ impl Outcome {
             Outcome::OutputTooLarge => FailureKind::OutputTooLarge,
             Outcome::InvalidOutput(_) => FailureKind::InvalidOutput,
             Outcome::ModuleMissing => FailureKind::ModuleMissing,
-            Outcome::RunnerError(_) => FailureKind::RunnerError,
+            Outcome::RunnerError(_) | Outcome::NoCapacity(_) => FailureKind::RunnerError,
         })
     }
 
     /// The outcome's name for logs and the `kind` metric label: the failure kind, or
     /// `success`.
     pub fn label(&self) -> &'static str {
-        self.failure_kind().map_or("success", FailureKind::as_str)
+        match self {
+            Outcome::NoCapacity(_) => "no_capacity",
+            _ => self.failure_kind().map_or("success", FailureKind::as_str),
+        }
     }
 
     /// True only for [`Outcome::Success`].
@@ -125,7 +131,7 @@ impl Outcome {
             Outcome::OutputTooLarge => "stdout exceeded the output limit".to_owned(),
             Outcome::InvalidOutput(msg) => msg.clone(),
             Outcome::ModuleMissing => "no module registered for this task type".to_owned(),
-            Outcome::RunnerError(msg) => msg.clone(),
+            Outcome::RunnerError(msg) | Outcome::NoCapacity(msg) => msg.clone(),
         };
         Some(text)
     }
@@ -214,7 +220,10 @@ pub(crate) fn classify(facts: RunFacts<'_>) -> Outcome {
             other => Outcome::Trap { cause: TrapCause::Wasm(other), message: other.to_string() },
         };
     }
-    if error.is::<wasmtime::PoolConcurrencyLimitError>() || instantiating {
+    if error.is::<wasmtime::PoolConcurrencyLimitError>() {
+        return Outcome::NoCapacity(format!("no free instance slot: {error:#}"));
+    }
+    if instantiating {
         return Outcome::RunnerError(format!("failed to instantiate module: {error:#}"));
     }
     Outcome::Trap { cause: TrapCause::Host, message: format!("{error:#}") }

@@ -9,7 +9,7 @@
 //!   whole instantiate+call future (for a guest parked in a host call such as a WASI sleep);
 //! - `run` never fails: every way a run can end is an [`Outcome`].
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use wasmtime::Store;
 
@@ -23,14 +23,23 @@ use super::Sandbox;
 /// How much of a guest's stderr is kept (the most recent bytes).
 pub const STDERR_TAIL_BYTES: usize = 8 * 1024;
 
+/// How long a run waits for a free instance slot before it gives up with
+/// [`Outcome::NoCapacity`] (which the worker hands back to the queue, uncounted).
+pub const CAPACITY_WAIT: Duration = Duration::from_secs(1);
+
+fn no_capacity(e: &wasmtime::Error) -> bool {
+    e.is::<wasmtime::PoolConcurrencyLimitError>()
+}
+
 impl Sandbox {
     /// Runs `module` once for `input` under `limits` (capped at the configured maxima).
     /// Never fails: errors of the guest and of the runner alike are reported in
     /// [`Execution::outcome`].
     ///
     /// Must be awaited inside a tokio runtime with the time driver enabled. With the pooling
-    /// allocator at most `max_concurrency` runs can be in flight; a run beyond that ends with
-    /// [`Outcome::RunnerError`], so the worker should bound its concurrency to match.
+    /// allocator at most `max_concurrency` runs can be in flight; a run that finds no free slot
+    /// waits up to [`CAPACITY_WAIT`] for one, then ends with [`Outcome::NoCapacity`], so the
+    /// worker should bound its concurrency to match.
     pub async fn run(
         &self,
         module: &CompiledModule,
@@ -42,7 +51,8 @@ impl Sandbox {
         let stdout = BoundedOutput::new(limits.output_bytes, Overflow::Stop);
         let stderr = BoundedOutput::new(STDERR_TAIL_BYTES, Overflow::KeepTail);
 
-        let (ending, fuel_left, deadline_hit, memory_denied) =
+        let mut pause = Duration::from_millis(1);
+        let (ending, fuel_left, deadline_hit, memory_denied) = loop {
             match new_store(self.engine(), input, limits, started, &stdout, &stderr) {
                 Ok(mut store) => {
                     let ending =
@@ -52,15 +62,26 @@ impl Sandbox {
                             Ok(ending) => ending,
                             Err(_elapsed) => Ending::Elapsed,
                         };
+                    // No free slot in the instance pool: a slot freed a moment ago may not be
+                    // back yet. Nothing of the guest ran; wait a little and try again.
+                    if matches!(&ending, Ending::InstantiateFailed(e) if no_capacity(e))
+                        && started.elapsed() + pause < CAPACITY_WAIT
+                    {
+                        drop(store);
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_millis(50));
+                        continue;
+                    }
                     let fuel_left = store.get_fuel().unwrap_or(0);
                     let state = store.data();
-                    (ending, fuel_left, state.deadline_hit, state.limiter.memory_denied)
+                    break (ending, fuel_left, state.deadline_hit, state.limiter.memory_denied);
                 }
                 Err(e) => {
                     let outcome = Outcome::RunnerError(format!("failed to set up store: {e:#}"));
                     return finish(outcome, &stderr, started, 0);
                 }
-            };
+            }
+        };
 
         let out = stdout.take();
         let err = stderr.take();

@@ -1,7 +1,8 @@
 //! The reporter: turns executions into completions and failed attempts and writes them back
 //! in batches, while the claim loop already runs the next tasks (pipelining).
 //!
-//! Invariant: a report whose lease was lost is dropped with a warning (another attempt owns
+//! Invariant: a task the sandbox found no instance slot for is handed back uncounted, never
+//! charged a failed attempt. A report whose lease was lost is dropped with a warning (another attempt owns
 //! the task now); a report that cannot be written after a few tries is dropped too: the lease
 //! then expires and the reaper counts the attempt as failed, so at-least-once still holds.
 
@@ -42,6 +43,20 @@ pub(super) async fn run(
 }
 
 async fn flush(pool: &PgPool, runner: Uuid, batch: Vec<Report>) {
+    let (unrun, batch): (Vec<Report>, Vec<Report>) =
+        batch.into_iter().partition(|r| matches!(r.execution.outcome, Outcome::NoCapacity(_)));
+    if !unrun.is_empty() {
+        // The sandbox had no instance slot for these: nothing of the guest ran, so the attempt
+        // is not the task's. Back to the queue, uncounted.
+        let leases: Vec<(queue::TaskId, i32)> =
+            unrun.iter().map(|r| (r.task.id, r.task.attempt)).collect();
+        if let Some(released) = with_retries(|| queue::release_batch(pool, runner, &leases)).await {
+            tracing::warn!(
+                tasks = released.len(),
+                "no free instance slot; handed the tasks back to the queue uncounted"
+            );
+        }
+    }
     let (done, failed): (Vec<Report>, Vec<Report>) =
         batch.into_iter().partition(|r| r.execution.outcome.is_success());
     if !done.is_empty() {
