@@ -21,7 +21,7 @@ pub const MAX_DEDUP_KEY_LEN: usize = 512;
 pub const MAX_SCHEDULE_AHEAD: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// The states a row of `tasks` can be in. Dead tasks live in `dead_tasks`, shown as `Dead`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
     Pending,
