@@ -113,6 +113,11 @@ async fn every_route_is_documented_with_its_methods_and_nothing_else(pool: PgPoo
         }
         assert!(op["tags"].as_array().is_some_and(|t| !t.is_empty()), "{method} {path}");
     }
+    let ids: BTreeSet<&str> = served
+        .iter()
+        .map(|(path, method)| doc["paths"][path][method]["operationId"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), served.len(), "operation ids are unique: {ids:?}");
     let upload = &doc["paths"]["/v1/modules/{task_type}"]["put"];
     assert!(upload["requestBody"]["content"].get("application/wasm").is_some());
 }
@@ -202,17 +207,7 @@ impl Checker {
             Value::Null
         };
         if essence == "application/json" {
-            let mut schema = media["schema"].clone();
-            schema
-                .as_object_mut()
-                .unwrap()
-                .insert("components".into(), self.doc["components"].clone());
-            let validator = jsonschema::options()
-                .with_draft(jsonschema::Draft::Draft202012)
-                .should_validate_formats(true)
-                .build(&schema)
-                .unwrap_or_else(|e| panic!("{method} {template} {status}: bad schema: {e}"));
-            let errors: Vec<String> = validator.iter_errors(&json).map(|e| e.to_string()).collect();
+            let errors = schema_errors(&self.doc, &media["schema"], &json);
             assert!(
                 errors.is_empty(),
                 "{method} {path} {status}: answer does not match its schema: {errors:?}\n{text}"
@@ -238,6 +233,18 @@ impl Checker {
     async fn get(&mut self, template: &str, path: &str, token: Option<&str>) -> (u16, Value) {
         self.call("get", template, path, token, None).await
     }
+}
+
+/// Why `value` does not match `schema` (whose `$ref`s point into `doc`); empty if it does.
+fn schema_errors(doc: &Value, schema: &Value, value: &Value) -> Vec<String> {
+    let mut schema = schema.clone();
+    schema.as_object_mut().unwrap().insert("components".into(), doc["components"].clone());
+    let validator = jsonschema::options()
+        .with_draft(jsonschema::Draft::Draft202012)
+        .should_validate_formats(true)
+        .build(&schema)
+        .unwrap_or_else(|e| panic!("bad schema {schema}: {e}"));
+    validator.iter_errors(value).map(|e| e.to_string()).collect()
 }
 
 /// Polls `GET /v1/tasks/{id}` until the task is in `state`, for at most a minute.
@@ -380,6 +387,8 @@ async fn live_answers_validate_against_the_document(pool: PgPool) {
     let (s, page) = c.get("/v1/dead", "/v1/dead?task_type=fails", t).await;
     assert_eq!((s, page["next_after"].is_null()), (200, true));
     assert_eq!(c.get("/v1/dead", "/v1/dead?limit=5000", t).await.0, 400);
+    let past_int64 = "/v1/dead?after=9223372036854775808";
+    assert_eq!(c.get("/v1/dead", past_int64, t).await.0, 400);
     assert_eq!(c.get("/v1/dead", "/v1/dead", None).await.0, 401);
     let requeue = "/v1/dead/{id}/requeue";
     let keyed_live = json!({"task_type": "wordcount", "dedup_key": "k", "delay_ms": 3_600_000});
@@ -447,6 +456,23 @@ async fn live_answers_validate_against_the_document(pool: PgPool) {
         );
     }
     assert!(c.checked > 90, "{} answers checked", c.checked);
+
+    // The checks bite: a task without its state, a null where a value is required, an
+    // error without the envelope, a stray field in a request body do not validate.
+    let task_schema = json!({"$ref": "#/components/schemas/TaskView"});
+    let mut broken = succeeded.clone();
+    broken.as_object_mut().unwrap().remove("state");
+    assert!(!schema_errors(&c.doc, &task_schema, &broken).is_empty());
+    let mut broken = succeeded.clone();
+    broken["created_at"] = Value::Null;
+    assert!(!schema_errors(&c.doc, &task_schema, &broken).is_empty());
+    let error_schema = json!({"$ref": "#/components/schemas/ErrorResponse"});
+    let bare = json!({"code": "x", "message": "y"});
+    assert!(!schema_errors(&c.doc, &error_schema, &bare).is_empty());
+    let enqueue_schema = json!({"$ref": "#/components/schemas/EnqueueRequest"});
+    let stray = json!({"task_type": "t", "delay": 5});
+    assert!(!schema_errors(&c.doc, &enqueue_schema, &stray).is_empty());
+    assert!(schema_errors(&c.doc, &task_schema, &succeeded).is_empty());
 
     worker.stop().await;
     let _ = stop.send(());

@@ -27,6 +27,7 @@ fn empty_object() -> Value {
 #[serde(deny_unknown_fields)]
 pub struct EnqueueRequest {
     /// Names the module that runs the task; the tenant must have one registered (else 422).
+    #[schema(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
     pub task_type: String,
     /// A JSON object; `{}` when absent.
     #[serde(default = "empty_object")]

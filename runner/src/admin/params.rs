@@ -111,7 +111,7 @@ pub struct DeadParams {
     #[param(nullable = false, pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
     pub task_type: Option<String>,
     /// Ids after this one (the previous page's `next_after`).
-    #[param(nullable = false, minimum = 1)]
+    #[param(nullable = false, minimum = 1, maximum = 9223372036854775807_i64)]
     pub after: Option<i64>,
     /// Page size, 1 to 1000 (default 100).
     #[param(nullable = false, minimum = 1, maximum = 1000)]

@@ -56,7 +56,16 @@ pub async fn dead(state: AdminState, caller: Caller, query: Vec<(String, String)
             format!("parameter `limit` must be at most {MAX_DEAD_PAGE}"),
         ));
     }
-    let after = after.map(|a| TaskId::try_from(a).unwrap_or(TaskId::MAX));
+    let after = match after.map(TaskId::try_from) {
+        Some(Err(_)) => {
+            return Err(ApiError::bad_request(
+                "invalid_parameter",
+                format!("parameter `after` must be at most {}", TaskId::MAX),
+            ))
+        }
+        Some(Ok(id)) => Some(id),
+        None => None,
+    };
     let limit = i64::try_from(limit).unwrap_or(1);
     let tasks =
         queue::list_dead(state.pool(), scope.as_deref(), task_type.as_deref(), after, limit)
