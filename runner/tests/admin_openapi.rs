@@ -16,9 +16,7 @@ use sqlx::PgPool;
 use sweep::admin::{self, AdminConfig, Route};
 use sweep::queue::TenantCaps;
 
-#[path = "common/mod.rs"]
-#[allow(dead_code)]
-mod common;
+use admin_support::common;
 
 const METHODS: [&str; 5] = ["get", "put", "post", "patch", "delete"];
 

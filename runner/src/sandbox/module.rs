@@ -131,7 +131,7 @@ impl fmt::Debug for CompiledModule {
 /// `bytes` in MiB as people write it: whole when whole, else with two decimals.
 fn mib(bytes: u64) -> String {
     const MIB: u64 = 1 << 20;
-    if bytes % MIB == 0 {
+    if bytes.is_multiple_of(MIB) {
         format!("{} MiB", bytes / MIB)
     } else {
         format!("{:.2} MiB", bytes as f64 / MIB as f64)
