@@ -216,3 +216,29 @@ async fn limits_above_runner_maxima_or_tenant_caps_are_422(_: PgPoolOptions, db:
     assert_eq!(ok.json["limits"]["timeout_ms"], 1000);
     assert_eq!(ok.json["limits"]["memory_bytes"], 32 << 20);
 }
+
+#[sqlx::test(migrations = false)]
+async fn a_module_whose_memory_cannot_fit_its_limit_is_refused_in_those_terms(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let api = api(&db);
+    // 65536 pages: 4 GiB at start, against the 32 MiB the upload asks for.
+    let huge = wat(r#"(module (memory (export "memory") 65536) (func (export "_start")))"#);
+    let a = api.put_wasm("/v1/modules/hog?memory_mb=32", OP, &huge).await;
+    a.expect(422, "memory_too_large");
+    assert_eq!(a.message(), "module needs 4096 MiB at start; its limit is 32 MiB");
+
+    // Without a request, the limit is the runner's default (64 MiB); 100 MiB does not fit.
+    let big = wat(r#"(module (memory (export "memory") 1600) (func (export "_start")))"#);
+    let a = api.put_wasm("/v1/modules/big", OP, &big).await;
+    a.expect(422, "memory_too_large");
+    assert_eq!(a.message(), "module needs 100 MiB at start; its limit is 64 MiB");
+    // Asking for enough memory makes it fit.
+    api.put_wasm("/v1/modules/big?memory_mb=128", OP, &big).await.ok(201);
+    // The pooling allocator's sandbox (the one `sweep run` shares) says the same.
+    let pooled = sweep::sandbox::Sandbox::new(sweep::sandbox::SandboxConfig::default()).unwrap();
+    let e = pooled.validate_module_for(&huge, 64 << 20).unwrap_err();
+    assert_eq!(e.to_string(), "module needs 4096 MiB at start; its limit is 64 MiB");
+}

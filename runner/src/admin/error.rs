@@ -11,11 +11,11 @@
 
 use std::convert::Infallible;
 
-use serde::Serialize;
 use warp::http::{header, HeaderValue, StatusCode};
 use warp::reply::{Reply, Response};
 use warp::Rejection;
 
+use super::models::{ErrorDetail, ErrorResponse};
 use crate::queue::{QueueError, TenantError};
 use crate::sandbox::ValidationError;
 
@@ -68,16 +68,9 @@ impl ApiError {
     }
 
     pub fn into_response(self) -> Response {
-        #[derive(Serialize)]
-        struct Body<'a> {
-            error: Inner<'a>,
-        }
-        #[derive(Serialize)]
-        struct Inner<'a> {
-            code: &'a str,
-            message: &'a str,
-        }
-        let body = Body { error: Inner { code: self.code, message: &self.message } };
+        let body = ErrorResponse {
+            error: ErrorDetail { code: self.code.to_owned(), message: self.message },
+        };
         let mut response =
             warp::reply::with_status(warp::reply::json(&body), self.status).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
@@ -142,6 +135,7 @@ impl From<ValidationError> for ApiError {
             ValidationError::MissingMemoryExport => "missing_memory_export",
             ValidationError::ForbiddenImport { .. } => "forbidden_import",
             ValidationError::UnknownImport { .. } => "unknown_import",
+            ValidationError::MemoryTooLarge { .. } => "memory_too_large",
             _ => "invalid_module",
         };
         // The source (e.g. wasmtime's "unexpected end of section") says what is wrong with

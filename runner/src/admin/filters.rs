@@ -1,24 +1,280 @@
-//! The route table: which method and path go to which handler, with what authentication and
-//! body, and the one `recover` at the end.
+//! The route table: [`Route`] lists every operation of the admin API once. The server is the
+//! fold of [`Route::ALL`] into one warp filter ([`routes`]), and the OpenAPI document is built
+//! from the same list ([`Route::doc`], which takes each operation from its handler's
+//! `#[utoipa::path]`), so a route cannot be served without being documented, or documented
+//! without being served. Both matches on `Route` are exhaustive: a new variant needs a filter
+//! and a document entry before it compiles.
 //!
 //! Invariants: every route matches path, then method, before it authenticates or reads a body
-//! (so an unknown path costs nothing and answers 404); every `/v1` route and `/metrics`
-//! authenticate; a rejection from any route becomes a JSON error in [`recover`].
+//! (so an unknown path costs nothing and answers 404); every `/v1` route except
+//! `/v1/openapi.json` and `/metrics` authenticate; a rejection from any route becomes a JSON
+//! error in [`recover`].
 
 use std::convert::Infallible;
 
+use utoipa::openapi::path::{HttpMethod, Operation};
+use warp::filters::BoxedFilter;
 use warp::reply::{Reply, Response};
 use warp::{Filter, Rejection};
 
 use super::auth::{authenticate, Caller};
 use super::body;
 use super::error::{recover, ApiError};
-use super::handlers::{modules, ops, tasks, Answer};
-use super::models::{ActivateRequest, EnqueueRequest, WeightRequest};
+use super::handlers::{modules, ops, tasks, tenants, Answer};
+use super::models::{ActivateRequest, CapsRequest, EnqueueRequest, WeightRequest};
+use super::openapi;
 use super::AdminState;
 use crate::queue::TaskId;
 
 type Pairs = Vec<(String, String)>;
+
+/// One operation of the admin API (a method on a path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Route {
+    Healthz,
+    Readyz,
+    Metrics,
+    OpenApi,
+    Upload,
+    ModuleList,
+    ModuleVersions,
+    Activate,
+    Enqueue,
+    EnqueueBatch,
+    TaskShow,
+    TaskCancel,
+    DeadList,
+    DeadRequeue,
+    Stats,
+    TenantList,
+    TenantWeight,
+    TenantCaps,
+    TenantToken,
+}
+
+impl Route {
+    /// Every route, in the order the server tries them.
+    pub const ALL: [Route; 19] = [
+        Route::Healthz,
+        Route::Readyz,
+        Route::Metrics,
+        Route::OpenApi,
+        Route::Upload,
+        Route::ModuleList,
+        Route::ModuleVersions,
+        Route::Activate,
+        Route::Enqueue,
+        Route::EnqueueBatch,
+        Route::TaskShow,
+        Route::TaskCancel,
+        Route::DeadList,
+        Route::DeadRequeue,
+        Route::Stats,
+        Route::TenantList,
+        Route::TenantWeight,
+        Route::TenantCaps,
+        Route::TenantToken,
+    ];
+
+    /// The documented path template, methods and operation, from the handler's
+    /// `#[utoipa::path]`.
+    pub fn doc(self) -> (String, Vec<HttpMethod>, Operation) {
+        // `#[utoipa::path(tag = ...)]` keeps its tags apart from the operation, for the
+        // `OpenApi` derive; this table builds the paths itself, so it adds them here
+        // (`__dev::Tags` is utoipa-gen's own interface; the admin_openapi test checks tags).
+        fn of<P>() -> (String, Vec<HttpMethod>, Operation)
+        where
+            P: utoipa::Path + for<'t> utoipa::__dev::Tags<'t>,
+        {
+            let mut operation = P::operation();
+            let tags = P::tags().into_iter().map(str::to_owned).collect();
+            operation.tags = Some(tags);
+            (P::path(), P::methods(), operation)
+        }
+        match self {
+            Route::Healthz => of::<ops::__path_healthz>(),
+            Route::Readyz => of::<ops::__path_readyz>(),
+            Route::Metrics => of::<ops::__path_metrics>(),
+            Route::OpenApi => of::<openapi::__path_serve>(),
+            Route::Upload => of::<modules::__path_upload>(),
+            Route::ModuleList => of::<modules::__path_list>(),
+            Route::ModuleVersions => of::<modules::__path_versions>(),
+            Route::Activate => of::<modules::__path_activate>(),
+            Route::Enqueue => of::<tasks::__path_enqueue>(),
+            Route::EnqueueBatch => of::<tasks::__path_enqueue_batch>(),
+            Route::TaskShow => of::<tasks::__path_show>(),
+            Route::TaskCancel => of::<tasks::__path_cancel>(),
+            Route::DeadList => of::<ops::__path_dead>(),
+            Route::DeadRequeue => of::<ops::__path_requeue>(),
+            Route::Stats => of::<ops::__path_stats>(),
+            Route::TenantList => of::<tenants::__path_list>(),
+            Route::TenantWeight => of::<tenants::__path_set_weight>(),
+            Route::TenantCaps => of::<tenants::__path_change_caps>(),
+            Route::TenantToken => of::<tenants::__path_rotate_token>(),
+        }
+    }
+
+    /// The warp filter serving this route.
+    fn filter(self, state: &AdminState) -> BoxedFilter<(Response,)> {
+        let auth = || authenticate(state.clone());
+        let json_limit = state.config().max_json_bytes;
+        match self {
+            Route::Healthz => warp::path!("healthz").and(warp::get()).map(ops::healthz).boxed(),
+            Route::Readyz => warp::path!("readyz")
+                .and(warp::get())
+                .and(with(state))
+                .and_then(|state| async move { respond(ops::readyz(state).await) })
+                .boxed(),
+            Route::Metrics => warp::path!("metrics")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and_then(|state, caller| async move { respond(ops::metrics(state, caller).await) })
+                .boxed(),
+            Route::OpenApi => {
+                warp::path!("v1" / "openapi.json").and(warp::get()).map(openapi::serve).boxed()
+            }
+            Route::Upload => warp::path!("v1" / "modules" / String)
+                .and(warp::put())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and(warp::header::optional::<String>("content-type"))
+                .and(warp::header::optional::<u64>("content-length"))
+                .and(warp::body::stream())
+                .and_then(|task_type, state, caller, q, content_type, length, body| async move {
+                    let answer =
+                        modules::upload(state, caller, task_type, q, content_type, length, body);
+                    respond(answer.await)
+                })
+                .boxed(),
+            Route::ModuleList => warp::path!("v1" / "modules")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|state, caller, q| async move {
+                    respond(modules::list(state, caller, q).await)
+                })
+                .boxed(),
+            Route::ModuleVersions => warp::path!("v1" / "modules" / String)
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|task_type, state, caller, q| async move {
+                    respond(modules::versions(state, caller, task_type, q).await)
+                })
+                .boxed(),
+            Route::Activate => warp::path!("v1" / "modules" / String / "activate")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and(body::json::<ActivateRequest>(json_limit))
+                .and_then(|task_type, state, caller, q, request| async move {
+                    respond(modules::activate(state, caller, task_type, q, request).await)
+                })
+                .boxed(),
+            Route::Enqueue => warp::path!("v1" / "tasks")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and(body::json::<EnqueueRequest>(json_limit))
+                .and_then(|state, caller, q, request| async move {
+                    respond(tasks::enqueue(state, caller, q, request).await)
+                })
+                .boxed(),
+            Route::EnqueueBatch => warp::path!("v1" / "tasks" / "batch")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and(body::json::<Vec<EnqueueRequest>>(json_limit))
+                .and_then(|state, caller, q, requests| async move {
+                    respond(tasks::enqueue_batch(state, caller, q, requests).await)
+                })
+                .boxed(),
+            Route::TaskShow => warp::path!("v1" / "tasks" / TaskId)
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and_then(|id, state, caller| async move {
+                    respond(tasks::show(state, caller, id).await)
+                })
+                .boxed(),
+            Route::TaskCancel => warp::path!("v1" / "tasks" / TaskId / "cancel")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and_then(|id, state, caller| async move {
+                    respond(tasks::cancel(state, caller, id).await)
+                })
+                .boxed(),
+            Route::DeadList => warp::path!("v1" / "dead")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(
+                    |state, caller, q| async move { respond(ops::dead(state, caller, q).await) },
+                )
+                .boxed(),
+            Route::DeadRequeue => warp::path!("v1" / "dead" / TaskId / "requeue")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and_then(|id, state, caller| async move {
+                    respond(ops::requeue(state, caller, id).await)
+                })
+                .boxed(),
+            Route::Stats => warp::path!("v1" / "stats")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(
+                    |state, caller, q| async move { respond(ops::stats(state, caller, q).await) },
+                )
+                .boxed(),
+            Route::TenantList => warp::path!("v1" / "tenants")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and_then(|state, caller: Caller| async move {
+                    respond(tenants::list(state, caller).await)
+                })
+                .boxed(),
+            Route::TenantWeight => warp::path!("v1" / "tenants" / String / "weight")
+                .and(warp::put())
+                .and(with(state))
+                .and(auth())
+                .and(body::json::<WeightRequest>(json_limit))
+                .and_then(|name, state, caller, request| async move {
+                    respond(tenants::set_weight(state, caller, name, request).await)
+                })
+                .boxed(),
+            Route::TenantCaps => warp::path!("v1" / "tenants" / String / "caps")
+                .and(warp::patch())
+                .and(with(state))
+                .and(auth())
+                .and(body::json::<CapsRequest>(json_limit))
+                .and_then(|name, state, caller, request| async move {
+                    respond(tenants::change_caps(state, caller, name, request).await)
+                })
+                .boxed(),
+            Route::TenantToken => warp::path!("v1" / "tenants" / String / "token")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and_then(|name, state, caller| async move {
+                    respond(tenants::rotate_token(state, caller, name).await)
+                })
+                .boxed(),
+        }
+    }
+}
 
 fn respond(answer: Answer) -> Result<Response, Rejection> {
     answer.map_err(ApiError::reject)
@@ -39,132 +295,9 @@ fn query() -> impl Filter<Extract = (Pairs,), Error = Rejection> + Clone {
 pub fn routes(
     state: AdminState,
 ) -> impl Filter<Extract = (impl Reply,), Error = Infallible> + Clone + Send + Sync + 'static {
-    let auth = || authenticate(state.clone());
-    let json_limit = state.config().max_json_bytes;
-
-    let healthz = warp::path!("healthz").and(warp::get()).map(ops::healthz);
-    let readyz = warp::path!("readyz")
-        .and(warp::get())
-        .and(with(&state))
-        .and_then(|state| async move { respond(ops::readyz(state).await) });
-    let metrics = warp::path!("metrics")
-        .and(warp::get())
-        .and(with(&state))
-        .and(auth())
-        .and_then(|state, caller| async move { respond(ops::metrics(state, caller).await) });
-
-    let upload = warp::path!("v1" / "modules" / String)
-        .and(warp::put())
-        .and(with(&state))
-        .and(auth())
-        .and(query())
-        .and(warp::header::optional::<String>("content-type"))
-        .and(warp::header::optional::<u64>("content-length"))
-        .and(warp::body::stream())
-        .and_then(|task_type, state, caller, q, content_type, length, body| async move {
-            respond(modules::upload(state, caller, task_type, q, content_type, length, body).await)
-        });
-    let module_list = warp::path!("v1" / "modules")
-        .and(warp::get())
-        .and(with(&state))
-        .and(auth())
-        .and(query())
-        .and_then(|state, caller, q| async move { respond(modules::list(state, caller, q).await) });
-    let module_versions = warp::path!("v1" / "modules" / String)
-        .and(warp::get())
-        .and(with(&state))
-        .and(auth())
-        .and(query())
-        .and_then(|task_type, state, caller, q| async move {
-            respond(modules::versions(state, caller, task_type, q).await)
-        });
-    let activate = warp::path!("v1" / "modules" / String / "activate")
-        .and(warp::post())
-        .and(with(&state))
-        .and(auth())
-        .and(query())
-        .and(body::json::<ActivateRequest>(json_limit))
-        .and_then(|task_type, state, caller, q, request| async move {
-            respond(modules::activate(state, caller, task_type, q, request).await)
-        });
-
-    let enqueue = warp::path!("v1" / "tasks")
-        .and(warp::post())
-        .and(with(&state))
-        .and(auth())
-        .and(query())
-        .and(body::json::<EnqueueRequest>(json_limit))
-        .and_then(|state, caller, q, request| async move {
-            respond(tasks::enqueue(state, caller, q, request).await)
-        });
-    let batch = warp::path!("v1" / "tasks" / "batch")
-        .and(warp::post())
-        .and(with(&state))
-        .and(auth())
-        .and(query())
-        .and(body::json::<Vec<EnqueueRequest>>(json_limit))
-        .and_then(|state, caller, q, requests| async move {
-            respond(tasks::enqueue_batch(state, caller, q, requests).await)
-        });
-    let task_show = warp::path!("v1" / "tasks" / TaskId)
-        .and(warp::get())
-        .and(with(&state))
-        .and(auth())
-        .and_then(|id, state, caller| async move { respond(tasks::show(state, caller, id).await) });
-    let cancel = warp::path!("v1" / "tasks" / TaskId / "cancel")
-        .and(warp::post())
-        .and(with(&state))
-        .and(auth())
-        .and_then(
-            |id, state, caller| async move { respond(tasks::cancel(state, caller, id).await) },
-        );
-
-    let dead = warp::path!("v1" / "dead")
-        .and(warp::get())
-        .and(with(&state))
-        .and(auth())
-        .and(query())
-        .and_then(|state, caller, q| async move { respond(ops::dead(state, caller, q).await) });
-    let requeue = warp::path!("v1" / "dead" / TaskId / "requeue")
-        .and(warp::post())
-        .and(with(&state))
-        .and(auth())
-        .and_then(
-            |id, state, caller| async move { respond(ops::requeue(state, caller, id).await) },
-        );
-    let stats = warp::path!("v1" / "stats")
-        .and(warp::get())
-        .and(with(&state))
-        .and(auth())
-        .and(query())
-        .and_then(|state, caller, q| async move { respond(ops::stats(state, caller, q).await) });
-    let tenants =
-        warp::path!("v1" / "tenants").and(warp::get()).and(with(&state)).and(auth()).and_then(
-            |state, caller: Caller| async move { respond(ops::tenants(state, caller).await) },
-        );
-
-    let weight = warp::path!("v1" / "tenants" / String / "weight")
-        .and(warp::put())
-        .and(with(&state))
-        .and(auth())
-        .and(body::json::<WeightRequest>(json_limit))
-        .and_then(|name, state, caller, request| async move {
-            respond(ops::set_weight(state, caller, name, request).await)
-        });
-
-    let probes = healthz.or(readyz).unify().or(metrics).unify();
-    let module_routes =
-        upload.or(module_list).unify().or(module_versions).unify().or(activate).unify();
-    let task_routes = enqueue.or(batch).unify().or(task_show).unify().or(cancel).unify();
-    let ops_routes =
-        dead.or(requeue).unify().or(stats).unify().or(tenants).unify().or(weight).unify();
-    probes
-        .or(module_routes.boxed())
-        .unify()
-        .or(task_routes.boxed())
-        .unify()
-        .or(ops_routes.boxed())
-        .unify()
+    let [first, rest @ ..] = Route::ALL;
+    rest.iter()
+        .fold(first.filter(&state), |served, next| served.or(next.filter(&state)).unify().boxed())
         .recover(recover)
         .unify()
         .with(warp::log::custom(|info| {

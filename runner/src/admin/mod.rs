@@ -8,10 +8,12 @@
 //!
 //! Files: `config` (settings), `auth` (tokens, callers, tenant scoping), `body` (size-limited
 //! bodies), `params` (query strings, module limits), `models` (JSON bodies), `handlers/*`
-//! (one file per resource), `filters` (route table), `error` (JSON errors, the `recover`).
+//! (one file per resource), `filters` (route table), `openapi` (the OpenAPI document built
+//! from that table), `error` (JSON errors, the `recover`).
 //!
 //! Invariants:
-//! - every `/v1` route and `/metrics` authenticates (`Authorization: Bearer <token>`); a tenant
+//! - every `/v1` route but `/v1/openapi.json`, and `/metrics`, authenticates
+//!   (`Authorization: Bearer <token>`); a tenant
 //!   token only ever reads or writes its own tenant's rows; others answer 404 as if absent;
 //! - bad input is a 4xx JSON error, never a 500 or a panic; request bodies are size-limited;
 //! - database errors are logged and shown as "internal error";
@@ -24,6 +26,7 @@ mod error;
 mod filters;
 mod handlers;
 mod models;
+mod openapi;
 mod params;
 
 use std::fmt;
@@ -43,7 +46,8 @@ pub use config::{
     DEFAULT_VALIDATION_TIMEOUT, MIN_OPERATOR_TOKEN_LEN,
 };
 pub use error::ApiError;
-pub use filters::routes;
+pub use filters::{routes, Route};
+pub use openapi::{document, document_json};
 pub use params::{EffectiveLimits, MAX_BACKOFF_MS};
 
 use crate::queue::{Role, Store};

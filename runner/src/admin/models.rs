@@ -6,14 +6,16 @@
 //! bad input instead of failing in the database.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::error::ApiError;
 use super::params::EffectiveLimits;
 use crate::queue::{
-    DeadTask, Enqueued, ModuleVersion, NewTask, RunnerInfo, TaskId, Tenant, TypeStats,
+    CapsChange, DeadTask, Enqueued, ModuleVersion, NewTask, RunnerInfo, TaskId, Tenant, TypeStats,
+    MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS, MAX_WEIGHT,
 };
 
 fn empty_object() -> Value {
@@ -21,20 +23,32 @@ fn empty_object() -> Value {
 }
 
 /// `POST /v1/tasks` (and each element of `POST /v1/tasks/batch`).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnqueueRequest {
+    /// Names the module that runs the task; the tenant must have one registered (else 422).
+    #[schema(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
     pub task_type: String,
     /// A JSON object; `{}` when absent.
     #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
     pub payload: Value,
+    /// Higher runs first, within the task type; negative: only when nothing else is due.
     #[serde(default)]
     pub priority: i32,
+    /// When the task becomes due (2000-01-01 to ten years ahead); not with `delay_ms`.
     pub run_at: Option<DateTime<Utc>>,
+    /// Due this many milliseconds from now (at most ten years); not with `run_at`.
     pub delay_ms: Option<u64>,
+    /// Default: the module's setting, else 5.
+    #[schema(minimum = 1, maximum = 1000)]
     pub max_attempts: Option<i32>,
+    /// While a live task of the tenant holds this key, enqueueing it again answers that task.
+    #[schema(min_length = 1, max_length = 512)]
     pub dedup_key: Option<String>,
 }
+
+const _: () = assert!(MAX_MAX_ATTEMPTS == 1000 && MAX_DEDUP_KEY_LEN == 512 && MAX_WEIGHT == 10_000);
 
 impl EnqueueRequest {
     /// The task to enqueue for `tenant`; the queue validates the rest.
@@ -70,27 +84,83 @@ fn has_nul(v: &Value) -> bool {
 }
 
 /// `POST /v1/modules/{task_type}/activate`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActivateRequest {
     pub version: i32,
 }
 
 /// `PUT /v1/tenants/{name}/weight` body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WeightRequest {
+    #[schema(minimum = 1, maximum = 10000)]
     pub weight: i32,
 }
 
+/// `PATCH /v1/tenants/{name}/caps` body: a field left out keeps its cap, `null` clears it
+/// (no cap beyond the runner's maxima), a number sets it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CapsRequest {
+    /// Largest module the tenant may upload, in bytes.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<i64>, minimum = 1)]
+    pub max_module_bytes: Option<Option<i64>>,
+    /// Most fuel a module of this tenant may ask for.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<i64>, minimum = 1)]
+    pub max_fuel: Option<Option<i64>>,
+    /// Longest timeout a module of this tenant may ask for, in milliseconds.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<i64>, minimum = 1)]
+    pub max_timeout_ms: Option<Option<i64>>,
+    /// Most linear memory a module of this tenant may ask for, in bytes.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<i64>, minimum = 1)]
+    pub max_memory_bytes: Option<Option<i64>>,
+    /// Most tasks of this tenant running at once across all runners (0 pauses it).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<i32>, minimum = 0)]
+    pub max_running: Option<Option<i32>>,
+}
+
+/// A field that is present (`null` included): absent stays `None` through `#[serde(default)]`.
+fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+impl From<CapsRequest> for CapsChange {
+    fn from(r: CapsRequest) -> Self {
+        CapsChange {
+            max_module_bytes: r.max_module_bytes,
+            max_fuel: r.max_fuel,
+            max_timeout_ms: r.max_timeout_ms,
+            max_memory_bytes: r.max_memory_bytes,
+            max_running: r.max_running,
+        }
+    }
+}
+
+/// `POST /v1/tenants/{name}/token` answer: the tenant and its new token, shown this once.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct TokenResponse {
+    pub tenant: Tenant,
+    pub token: String,
+}
+
 /// `POST /v1/tasks/batch` answer: one entry per input task, in input order.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct BatchResponse {
     pub tasks: Vec<Enqueued>,
 }
 
 /// `PUT /v1/modules/{task_type}` answer.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct UploadResponse {
     pub tenant: String,
     pub task_type: String,
@@ -105,25 +175,31 @@ pub struct UploadResponse {
 }
 
 /// `GET /v1/modules` and `GET /v1/modules/{task_type}`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct ModulesResponse {
     pub modules: Vec<ModuleVersion>,
 }
 
 /// `GET /v1/dead`: a page of dead tasks; pass `next_after` as `after` for the next page.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct DeadPage {
     pub tasks: Vec<DeadTask>,
+    /// The last id of a full page, `null` on the last page.
+    #[schema(required, value_type = Option<i64>)]
     pub next_after: Option<TaskId>,
 }
 
 /// A runner as `GET /v1/stats` shows it. Tenants see no host or pid.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct RunnerView {
     pub id: Uuid,
+    /// Operator only.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub host: Option<String>,
+    /// Operator only.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub pid: Option<i32>,
     pub started_at: DateTime<Utc>,
     pub last_heartbeat_at: DateTime<Utc>,
@@ -144,7 +220,7 @@ impl RunnerView {
 }
 
 /// `GET /v1/stats`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct StatsResponse {
     /// Per tenant and task type: counts by state, oldest due age, failed attempts in the last
     /// hour, completions in the last minute.
@@ -153,15 +229,32 @@ pub struct StatsResponse {
 }
 
 /// `GET /v1/tenants`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct TenantsResponse {
     pub tenants: Vec<Tenant>,
 }
 
 /// `GET /healthz`, `GET /readyz`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Health {
+    /// `ok` (`/healthz`) or `ready` (`/readyz`).
+    #[schema(value_type = String)]
     pub status: &'static str,
+}
+
+/// Every error: `{"error": {"code": "...", "message": "..."}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ErrorResponse {
+    #[schema(inline)]
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable and machine-readable, e.g. `invalid_parameter`, `not_found`, `limit_too_high`.
+    pub code: String,
+    /// For people: says what is wrong and what to change.
+    pub message: String,
 }
 
 #[cfg(test)]

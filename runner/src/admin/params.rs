@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
+use utoipa::{IntoParams, ToSchema};
 
 use super::error::ApiError;
 use crate::queue::{ModuleSettings, TenantCaps, DEFAULT_MAX_ATTEMPTS, MAX_MAX_ATTEMPTS};
@@ -80,16 +81,67 @@ impl Query {
     }
 }
 
+/// `?tenant=NAME`, as the OpenAPI document describes it (routes take it with [`Query::take`]).
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TenantParam {
+    /// (Operator) the tenant to act on: writes default to `default`, reads to every tenant.
+    /// A tenant token may only name its own tenant.
+    #[param(nullable = false, pattern = "^[A-Za-z0-9._-]{1,64}$")]
+    pub tenant: Option<String>,
+}
+
+/// `GET /v1/modules` query, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ModuleListParams {
+    /// Every version, not only the active ones (`true`, `false`, `1`, `0`).
+    #[param(nullable = false)]
+    pub all: Option<bool>,
+}
+
+/// `GET /v1/dead` query, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeadParams {
+    /// Only this task type.
+    #[param(nullable = false, pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
+    pub task_type: Option<String>,
+    /// Ids after this one (the previous page's `next_after`).
+    #[param(nullable = false, minimum = 1, maximum = 9223372036854775807_i64)]
+    pub after: Option<i64>,
+    /// Page size, 1 to 1000 (default 100).
+    #[param(nullable = false, minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+}
+
 /// The limits an upload asks for, as given (`PUT /v1/modules/{task_type}?fuel=...`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct RequestedLimits {
+    /// Fuel per task (default and maximum: the runner's; at most the tenant's cap).
+    #[param(nullable = false, minimum = 1)]
     pub fuel: Option<u64>,
+    /// Wall-clock limit per task in milliseconds.
+    #[param(nullable = false, minimum = 1)]
     pub timeout_ms: Option<u64>,
+    /// Linear-memory limit per task in MiB (the module's initial memory must fit in it).
+    #[param(nullable = false, minimum = 1)]
     pub memory_mb: Option<u64>,
+    /// Attempts before a task dies, for tasks that do not set their own (at most 1000).
+    #[param(nullable = false, minimum = 1)]
     pub max_attempts: Option<u64>,
+    /// First retry delay in milliseconds (at most 30 days).
+    #[param(nullable = false, minimum = 1)]
     pub backoff_base_ms: Option<u64>,
+    /// Longest retry delay in milliseconds (at most 30 days, not below the base).
+    #[param(nullable = false, minimum = 1)]
     pub backoff_cap_ms: Option<u64>,
     /// Most tasks of this type running at once across all runners.
+    #[param(nullable = false, minimum = 1)]
     pub max_running: Option<u64>,
 }
 
@@ -109,15 +161,18 @@ impl RequestedLimits {
 
 /// What a module will run with: the runner's view at upload time (each runner applies its
 /// own defaults and maxima when the task runs; `null` backoff means the runner's default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 pub struct EffectiveLimits {
     pub fuel: u64,
     pub timeout_ms: u64,
     pub memory_bytes: u64,
     pub output_bytes: usize,
     pub max_attempts: i32,
+    #[schema(required)]
     pub backoff_base_ms: Option<i64>,
+    #[schema(required)]
     pub backoff_cap_ms: Option<i64>,
+    #[schema(required)]
     pub max_running: Option<i32>,
 }
 

@@ -44,29 +44,74 @@ pub async fn requeue<'c, E: PgExecutor<'c>>(
     }
 }
 
+/// One entry of a task's `errors` history, as the failure reports write it (see
+/// `complete::HistoryEntry`). Never built in Rust: the history is JSON from the database;
+/// this type only describes it in the admin API's OpenAPI document.
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct AttemptError {
+    /// When the attempt failed (database clock).
+    pub at: DateTime<Utc>,
+    /// The attempt that failed, 1-based.
+    pub attempt: i32,
+    /// `handler_error`, `out_of_fuel`, `timeout`, `memory_limit`, `stack_overflow`, `trap`,
+    /// `output_too_large`, `invalid_output`, `module_missing`, `lease_expired`, `runner_error`.
+    pub kind: String,
+    pub message: String,
+    #[schema(nullable = false)]
+    pub duration_ms: Option<i64>,
+    #[schema(nullable = false)]
+    pub fuel_used: Option<i64>,
+    /// The tail of the handler's stderr.
+    #[schema(nullable = false)]
+    pub stderr: Option<String>,
+    #[schema(nullable = false)]
+    pub stderr_truncated: Option<bool>,
+    /// The handler's exit code (`handler_error`).
+    #[schema(nullable = false)]
+    pub exit_code: Option<i32>,
+    /// The runner whose lease expired (`lease_expired`).
+    #[schema(nullable = false)]
+    pub runner: Option<String>,
+}
+
 /// One task as an operator sees it: live, finished or dead.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct TaskView {
+    #[schema(value_type = i64)]
     pub id: TaskId,
     pub tenant: String,
     pub task_type: String,
     #[sqlx(try_from = "String")]
     pub state: TaskState,
+    /// The task's input, a JSON object.
+    #[schema(value_type = Object)]
     pub payload: Value,
     pub priority: i32,
     pub attempts: i32,
     pub max_attempts: i32,
+    #[schema(required)]
     pub run_at: Option<DateTime<Utc>>,
+    #[schema(required)]
     pub dedup_key: Option<String>,
+    #[schema(required)]
     pub last_error: Option<String>,
+    /// Every failed attempt, oldest first.
+    #[schema(value_type = Vec<AttemptError>)]
     pub errors: Value,
+    /// The handler's output (any JSON) once succeeded; `null` otherwise.
+    #[schema(required)]
     pub result: Option<Value>,
+    #[schema(required)]
     pub module_sha256: Option<String>,
     pub created_at: DateTime<Utc>,
     /// When the last attempt started.
+    #[schema(required)]
     pub started_at: Option<DateTime<Utc>>,
     /// The stderr tail of the successful attempt (failed attempts keep theirs in `errors`).
+    #[schema(required)]
     pub logs: Option<String>,
+    #[schema(required)]
     pub finished_at: Option<DateTime<Utc>>,
 }
 
@@ -81,17 +126,24 @@ pub async fn get_task<'c, E: PgExecutor<'c>>(
 }
 
 /// A row of the dead-letter table.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct DeadTask {
+    #[schema(value_type = i64)]
     pub id: TaskId,
     pub tenant: String,
     pub task_type: String,
+    /// The task's input, a JSON object.
+    #[schema(value_type = Object)]
     pub payload: Value,
     pub attempts: i32,
     pub max_attempts: i32,
     pub reason: String,
+    #[schema(required)]
     pub last_error: Option<String>,
+    /// Every failed attempt, oldest first.
+    #[schema(value_type = Vec<AttemptError>)]
     pub errors: Value,
+    #[schema(required)]
     pub module_sha256: Option<String>,
     pub created_at: DateTime<Utc>,
     pub died_at: DateTime<Utc>,

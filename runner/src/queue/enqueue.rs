@@ -19,8 +19,9 @@ pub const MAX_BATCH: usize = 100_000;
 
 /// The id a task got, and whether this call created it (false: its dedup key was taken by a
 /// live task, whose id this is).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct Enqueued {
+    #[schema(value_type = i64)]
     pub id: TaskId,
     pub created: bool,
 }

@@ -85,7 +85,7 @@ mod types;
 
 pub use claim::{claim, claim_batch, heartbeat_leases, release_batch, ClaimMode};
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
-pub use dead::{cancel, get_task, list_dead, requeue, DeadTask, TaskView};
+pub use dead::{cancel, get_task, list_dead, requeue, AttemptError, DeadTask, TaskView};
 pub use enqueue::{enqueue, enqueue_many, Enqueued};
 pub use error::{InvalidTask, QueueError};
 pub use maintenance::{
@@ -101,12 +101,13 @@ pub use runners::{deregister_runner, list_runners, register_runner, RunnerInfo};
 pub use stats::{queue_stats, TypeStats};
 pub use store::{check_schema, migrate, migrate_with, Migrated, Role, Store, StoreError, SCHEMA};
 pub use tenants::{
-    create_tenant, get_tenant, list_tenants, missing_modules, set_tenant_caps, set_tenant_token,
-    set_tenant_weight, tenant_by_token, Tenant, TenantCaps, TenantError, MAX_WEIGHT,
+    change_tenant_caps, create_tenant, get_tenant, list_tenants, missing_modules, set_tenant_caps,
+    set_tenant_token, set_tenant_weight, tenant_by_token, CapsChange, Tenant, TenantCaps,
+    TenantError, MAX_WEIGHT,
 };
 pub use types::{
     validate_task_type, validate_tenant, ActiveModule, ClaimedTask, NewTask, Schedule, TaskId,
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_MAX_ATTEMPTS,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS,
 };
 pub use vocab::{FailureKind, TaskState};
 

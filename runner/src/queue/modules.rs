@@ -12,20 +12,29 @@ use sqlx::{Acquire, PgExecutor, Postgres};
 use super::{error::is_unique_violation, QueueError};
 
 /// Per-module overrides of the runner's defaults. `None` means "use the default".
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema,
+)]
 pub struct ModuleSettings {
+    #[schema(required)]
     pub fuel: Option<i64>,
+    #[schema(required)]
     pub timeout_ms: Option<i64>,
+    #[schema(required)]
     pub memory_bytes: Option<i64>,
+    #[schema(required)]
     pub max_attempts: Option<i32>,
+    #[schema(required)]
     pub backoff_base_ms: Option<i64>,
+    #[schema(required)]
     pub backoff_cap_ms: Option<i64>,
     /// Most tasks of this type running at once across all runners (the claim enforces it).
+    #[schema(required)]
     pub max_running: Option<i32>,
 }
 
 /// One registered version, without its bytes.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct ModuleVersion {
     pub tenant: String,
     pub task_type: String,

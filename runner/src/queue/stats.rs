@@ -10,7 +10,7 @@ use sqlx::PgExecutor;
 
 use super::QueueError;
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct TypeStats {
     pub tenant: String,
     pub task_type: String,

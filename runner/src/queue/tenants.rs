@@ -17,17 +17,33 @@ use sqlx::PgExecutor;
 use super::{error::is_unique_violation, validate_tenant, InvalidTask, QueueError};
 
 /// What a tenant may ask for. `None`: no cap beyond the runner's own maxima.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    sqlx::FromRow,
+    utoipa::ToSchema,
+)]
 pub struct TenantCaps {
     /// Largest module the tenant may upload, in bytes.
+    #[schema(required)]
     pub max_module_bytes: Option<i64>,
     /// Most fuel a module of this tenant may ask for.
+    #[schema(required)]
     pub max_fuel: Option<i64>,
     /// Longest wall-clock timeout a module of this tenant may ask for.
+    #[schema(required)]
     pub max_timeout_ms: Option<i64>,
     /// Most linear memory a module of this tenant may ask for.
+    #[schema(required)]
     pub max_memory_bytes: Option<i64>,
     /// Most tasks of this tenant running at once across all runners.
+    #[schema(required)]
     pub max_running: Option<i32>,
 }
 
@@ -53,7 +69,7 @@ impl TenantCaps {
 }
 
 /// One tenant, without its token hash.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Tenant {
     pub name: String,
     /// Its share of the runners' slots relative to other tenants with due work (default 1).
@@ -140,6 +156,57 @@ pub async fn set_tenant_caps<'c, E: PgExecutor<'c>>(
         .bind(caps.max_timeout_ms)
         .bind(caps.max_memory_bytes)
         .bind(caps.max_running)
+        .fetch_optional(executor)
+        .await?;
+    row.ok_or_else(|| TenantError::NotFound(name.to_owned()))
+}
+
+/// A change to some of a tenant's caps: per cap, `None` leaves it as it is, `Some(None)`
+/// clears it (no cap), `Some(Some(v))` sets it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CapsChange {
+    pub max_module_bytes: Option<Option<i64>>,
+    pub max_fuel: Option<Option<i64>>,
+    pub max_timeout_ms: Option<Option<i64>>,
+    pub max_memory_bytes: Option<Option<i64>>,
+    pub max_running: Option<Option<i32>>,
+}
+
+impl CapsChange {
+    /// The caps that are set by this change, checked as [`TenantCaps::validate`] checks them.
+    fn validate(&self) -> Result<(), TenantError> {
+        let set = |v: Option<Option<i64>>| v.flatten();
+        TenantCaps {
+            max_module_bytes: set(self.max_module_bytes),
+            max_fuel: set(self.max_fuel),
+            max_timeout_ms: set(self.max_timeout_ms),
+            max_memory_bytes: set(self.max_memory_bytes),
+            max_running: self.max_running.flatten(),
+        }
+        .validate()
+    }
+}
+
+/// Applies `change` to tenant `name`'s caps in one statement (two concurrent changes of
+/// different caps both hold) and returns the tenant as it now is.
+pub async fn change_tenant_caps<'c, E: PgExecutor<'c>>(
+    executor: E,
+    name: &str,
+    change: &CapsChange,
+) -> Result<Tenant, TenantError> {
+    change.validate()?;
+    let row: Option<Tenant> = sqlx::query_as(CHANGE_CAPS)
+        .bind(name)
+        .bind(change.max_module_bytes.is_some())
+        .bind(change.max_module_bytes.flatten())
+        .bind(change.max_fuel.is_some())
+        .bind(change.max_fuel.flatten())
+        .bind(change.max_timeout_ms.is_some())
+        .bind(change.max_timeout_ms.flatten())
+        .bind(change.max_memory_bytes.is_some())
+        .bind(change.max_memory_bytes.flatten())
+        .bind(change.max_running.is_some())
+        .bind(change.max_running.flatten())
         .fetch_optional(executor)
         .await?;
     row.ok_or_else(|| TenantError::NotFound(name.to_owned()))
@@ -270,6 +337,18 @@ const MISSING_MODULES: &str = r#"
     order by min(t.ord)
     "#;
 
+const CHANGE_CAPS: &str = r#"
+    update sweep.tenants
+    set max_module_bytes = case when $2 then $3 else max_module_bytes end,
+        max_fuel = case when $4 then $5 else max_fuel end,
+        max_timeout_ms = case when $6 then $7 else max_timeout_ms end,
+        max_memory_bytes = case when $8 then $9 else max_memory_bytes end,
+        max_running = case when $10 then $11 else max_running end
+    where name = $1
+    returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
+              max_memory_bytes, max_running, created_at
+    "#;
+
 const SET_TOKEN: &str = r#"
     update sweep.tenants set token_sha256 = $2 where name = $1
     returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
@@ -279,6 +358,7 @@ const SET_TOKEN: &str = r#"
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] = statements![
     CREATE_TENANT,
+    CHANGE_CAPS,
     SET_TOKEN,
     SET_CAPS,
     SET_WEIGHT,

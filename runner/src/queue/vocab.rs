@@ -42,7 +42,7 @@ macro_rules! state {
 
 /// Where a task is in its life. `pending`, `running` and `retrying` rows live in `tasks`;
 /// `succeeded` and `cancelled` ones in `finished_tasks`; `dead` ones in `dead_tasks`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
     /// Waiting for its first attempt. In: enqueue, a requeue from the dead-letter table, a

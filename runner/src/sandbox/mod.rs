@@ -153,6 +153,18 @@ impl Sandbox {
         module::prepare(&self.inner.linker, bytes).map(|m| m.info().clone())
     }
 
+    /// [`Self::validate_module`] for a module that will run with at most `memory_limit_bytes`
+    /// of linear memory: one whose memory starts larger is refused before compiling, as
+    /// [`ValidationError::MemoryTooLarge`].
+    pub fn validate_module_for(
+        &self,
+        bytes: &[u8],
+        memory_limit_bytes: u64,
+    ) -> Result<ModuleInfo, ValidationError> {
+        module::check_initial_memory(bytes, memory_limit_bytes)?;
+        self.validate_module(bytes)
+    }
+
     /// Validates and compiles `bytes` into a module ready to run. CPU-heavy: from async code,
     /// prefer [`ModuleCache::get_or_compile`], which runs this on the blocking pool.
     pub fn compile(&self, bytes: &[u8]) -> Result<CompiledModule, SandboxError> {

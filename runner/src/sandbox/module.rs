@@ -10,6 +10,9 @@
 //!   linker; a rejected import is named (module and field);
 //! - `_start` is exported as a `() -> ()` function, and a module that imports WASI exports
 //!   its `memory` (WASI calls trap without it);
+//! - a module whose declared initial memory is above the memory limit it would run with is
+//!   refused in those terms, before compiling (the pooling allocator would refuse it in its
+//!   own words, the on-demand one only when a task runs);
 //! - a [`CompiledModule`]'s `sha256` is the hex SHA-256 of the exact bytes it was built from.
 
 use std::fmt;
@@ -74,6 +77,14 @@ pub enum ValidationError {
         /// Import field.
         name: String,
     },
+    /// Its memory starts larger than the limit it would run with: no task could instantiate it.
+    #[error("module needs {} at start; its limit is {}", mib(*needs_bytes), mib(*limit_bytes))]
+    MemoryTooLarge {
+        /// The declared initial size of its memories, in bytes.
+        needs_bytes: u64,
+        /// The memory limit the module would run with, in bytes.
+        limit_bytes: u64,
+    },
     /// Imports resolve by name but don't link (e.g. wrong function type).
     #[error("module cannot be linked against WASI preview 1")]
     Link(#[source] BoxError),
@@ -114,6 +125,51 @@ impl CompiledModule {
 impl fmt::Debug for CompiledModule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CompiledModule").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+/// `bytes` in MiB as people write it: whole when whole, else with two decimals.
+fn mib(bytes: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    if bytes.is_multiple_of(MIB) {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        format!("{:.2} MiB", bytes as f64 / MIB as f64)
+    }
+}
+
+/// The initial size in bytes of the memories `bytes` defines, summed (handlers have one),
+/// read from the memory section without compiling. `None` when the module does not parse
+/// that far: the compile then names what is wrong.
+fn initial_memory_bytes(bytes: &[u8]) -> Option<u64> {
+    let mut total: u64 = 0;
+    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
+        match payload.ok()? {
+            wasmparser::Payload::MemorySection(memories) => {
+                for memory in memories {
+                    let memory = memory.ok()?;
+                    let size = memory.initial.saturating_mul(u64::from(memory.page_size()));
+                    total = total.saturating_add(size);
+                }
+                return Some(total);
+            }
+            // Sections come in order: past these, no memory section follows.
+            wasmparser::Payload::CodeSectionStart { .. } | wasmparser::Payload::End(_) => {
+                return Some(total)
+            }
+            _ => {}
+        }
+    }
+    Some(total)
+}
+
+/// Refuses a module whose memory starts above `limit_bytes`.
+pub(crate) fn check_initial_memory(bytes: &[u8], limit_bytes: u64) -> Result<(), ValidationError> {
+    match initial_memory_bytes(bytes) {
+        Some(needs_bytes) if needs_bytes > limit_bytes => {
+            Err(ValidationError::MemoryTooLarge { needs_bytes, limit_bytes })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -180,4 +236,27 @@ pub(crate) fn prepare(
         start,
         info: ModuleInfo { sha256: sha256_hex(bytes), size_bytes: bytes.len(), wasi_imports },
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initial_memory_is_read_without_compiling() {
+        let wasm = wat::parse_str("(module (memory (export \"memory\") 65536))").unwrap();
+        assert_eq!(initial_memory_bytes(&wasm), Some(4 << 30));
+        let e = check_initial_memory(&wasm, 32 << 20).unwrap_err();
+        assert_eq!(e.to_string(), "module needs 4096 MiB at start; its limit is 32 MiB");
+        assert!(check_initial_memory(&wasm, 4 << 30).is_ok());
+
+        let small = wat::parse_str("(module (memory 17) (func (export \"_start\")))").unwrap();
+        assert_eq!(initial_memory_bytes(&small), Some(17 * 65536));
+        let e = check_initial_memory(&small, 1 << 20).unwrap_err();
+        assert_eq!(e.to_string(), "module needs 1.06 MiB at start; its limit is 1 MiB");
+        let none = wat::parse_str("(module (func (export \"_start\")))").unwrap();
+        assert_eq!(initial_memory_bytes(&none), Some(0));
+        assert_eq!(initial_memory_bytes(b"\0asm\x01\0\0\0\x05\xff"), None, "truncated");
+    }
 }

@@ -3,7 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 #[path = "../common/mod.rs"]
-mod common;
+pub mod common;
 pub use common::*;
 
 use serde_json::Value;

@@ -7,6 +7,7 @@
 pub mod modules;
 pub mod ops;
 pub mod tasks;
+pub mod tenants;
 
 use serde::Serialize;
 use warp::http::StatusCode;

@@ -14,10 +14,27 @@ use crate::admin::auth::Caller;
 use crate::admin::body::{check_content_type, read_limited, WASM};
 use crate::admin::error::ApiError;
 use crate::admin::models::{ActivateRequest, ModulesResponse, UploadResponse};
-use crate::admin::params::{resolve_limits, Query, RequestedLimits};
+use crate::admin::openapi as doc;
+use crate::admin::params::{resolve_limits, ModuleListParams, Query, RequestedLimits, TenantParam};
 use crate::admin::AdminState;
-use crate::queue;
+use crate::queue::{self, ModuleVersion};
 use crate::sandbox::ModuleInfo;
+
+/// An `application/wasm` body, as documented: raw bytes.
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, format = Binary)]
+#[allow(dead_code)] // only describes the body; the route streams it
+pub struct WasmModule(Vec<u8>);
+
+/// `{task_type}` in a path, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TaskTypePath {
+    /// 1 to 128 letters, digits, `.`, `-`, `_` and `:`.
+    #[param(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
+    pub task_type: String,
+}
 
 fn check_task_type(task_type: &str) -> Result<(), ApiError> {
     queue::validate_task_type(task_type)
@@ -25,6 +42,31 @@ fn check_task_type(task_type: &str) -> Result<(), ApiError> {
 }
 
 /// `PUT /v1/modules/{task_type}` with the module as an `application/wasm` body.
+#[utoipa::path(
+    put,
+    path = "/v1/modules/{task_type}",
+    operation_id = "upload_module",
+    tag = "modules",
+    security(("bearer" = [])),
+    params(TaskTypePath, TenantParam, RequestedLimits),
+    request_body(
+        description = "The module: a WASI preview-1 command built for wasm32-wasip1",
+        content = WasmModule,
+        content_type = "application/wasm",
+    ),
+    responses(
+        (status = 201, description = "Stored as a new version and activated", body = UploadResponse),
+        (status = 200, description = "Identical bytes and limits were registered: that version is active again", body = UploadResponse),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 413, response = doc::TooLarge),
+        (status = 415, response = doc::UnsupportedMediaType),
+        (status = 422, response = doc::Unprocessable),
+        (status = 500, response = doc::Internal),
+        (status = 503, response = doc::Unavailable),
+    )
+)]
 #[allow(clippy::too_many_arguments)]
 pub async fn upload<S, B>(
     state: AdminState,
@@ -51,7 +93,7 @@ where
     let tenant_limit = caps.max_module_bytes.and_then(|b| usize::try_from(b).ok());
     let limit = state.config().max_module_bytes.min(tenant_limit.unwrap_or(usize::MAX));
     let bytes = read_limited(content_length, body, limit).await?;
-    let info = validate(&state, bytes.clone()).await?;
+    let info = validate(&state, bytes.clone(), limits.memory_bytes).await?;
 
     let registered =
         queue::register_module(state.pool(), &tenant, &task_type, &info.sha256, &bytes, &settings)
@@ -72,8 +114,13 @@ where
     Ok(created_or_ok(registered.created, &answer))
 }
 
-/// Compiles `bytes` on the blocking pool, bounded in concurrency and time.
-async fn validate(state: &AdminState, bytes: Bytes) -> Result<ModuleInfo, ApiError> {
+/// Compiles `bytes` on the blocking pool, bounded in concurrency and time, for a module that
+/// runs with at most `memory_limit_bytes`.
+async fn validate(
+    state: &AdminState,
+    bytes: Bytes,
+    memory_limit_bytes: u64,
+) -> Result<ModuleInfo, ApiError> {
     let permit = state
         .validation_slots()
         .acquire_owned()
@@ -83,7 +130,7 @@ async fn validate(state: &AdminState, bytes: Bytes) -> Result<ModuleInfo, ApiErr
     let job = tokio::task::spawn_blocking(move || {
         // Held until the compile really ends, even when the request stopped waiting for it.
         let _permit = permit;
-        sandbox.validate_module(&bytes)
+        sandbox.validate_module_for(&bytes, memory_limit_bytes)
     });
     let timeout = state.config().validation_timeout;
     match tokio::time::timeout(timeout, job).await {
@@ -98,6 +145,20 @@ async fn validate(state: &AdminState, bytes: Bytes) -> Result<ModuleInfo, ApiErr
 }
 
 /// `GET /v1/modules`: the active version of every task type (`?all=true`: every version).
+#[utoipa::path(
+    get,
+    path = "/v1/modules",
+    operation_id = "list_modules",
+    tag = "modules",
+    security(("bearer" = [])),
+    params(TenantParam, ModuleListParams),
+    responses(
+        (status = 200, description = "The active version of each task type (every version with `all`)", body = ModulesResponse),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 500, response = doc::Internal),
+    )
+)]
 pub async fn list(state: AdminState, caller: Caller, query: Vec<(String, String)>) -> Answer {
     let mut q = Query::new(query)?;
     let scope = caller.read_scope(q.take("tenant").as_deref())?;
@@ -108,6 +169,21 @@ pub async fn list(state: AdminState, caller: Caller, query: Vec<(String, String)
 }
 
 /// `GET /v1/modules/{task_type}`: every version, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/modules/{task_type}",
+    operation_id = "list_module_versions",
+    tag = "modules",
+    security(("bearer" = [])),
+    params(TaskTypePath, TenantParam),
+    responses(
+        (status = 200, description = "Every version, newest first", body = ModulesResponse),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 500, response = doc::Internal),
+    )
+)]
 pub async fn versions(
     state: AdminState,
     caller: Caller,
@@ -132,6 +208,24 @@ fn no_module(task_type: &str) -> ApiError {
 
 /// `POST /v1/modules/{task_type}/activate` with `{"version": N}`: makes that version the one
 /// new claims run (rollback or roll forward).
+#[utoipa::path(
+    post,
+    path = "/v1/modules/{task_type}/activate",
+    operation_id = "activate_module",
+    tag = "modules",
+    security(("bearer" = [])),
+    params(TaskTypePath, TenantParam),
+    request_body(content = ActivateRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "That version, now active", body = ModuleVersion),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 413, response = doc::TooLarge),
+        (status = 415, response = doc::UnsupportedMediaType),
+        (status = 500, response = doc::Internal),
+    )
+)]
 pub async fn activate(
     state: AdminState,
     caller: Caller,

@@ -1,5 +1,5 @@
-//! Operations routes: the dead-letter table, queue statistics, tenants, health, readiness
-//! and Prometheus metrics.
+//! Operations routes: the dead-letter table, queue statistics, health, readiness and
+//! Prometheus metrics.
 //!
 //! Invariants: `/healthz` answers without touching the database; `/readyz` is 200 only when
 //! the database answers and every migration is applied; `/metrics` is the operator's (it
@@ -11,12 +11,13 @@ use warp::reply::{Reply, Response};
 use super::{json, Answer};
 use crate::admin::auth::Caller;
 use crate::admin::error::ApiError;
-use crate::admin::models::{
-    DeadPage, Health, RunnerView, StatsResponse, TenantsResponse, WeightRequest,
-};
-use crate::admin::params::Query;
+use crate::admin::models::{DeadPage, Health, RunnerView, StatsResponse};
+use crate::admin::openapi as doc;
+use crate::admin::params::{DeadParams, Query, TenantParam};
 use crate::admin::AdminState;
-use crate::queue::{self, StoreError, TaskId};
+use crate::queue::{self, StoreError, TaskId, TaskView};
+
+use super::tasks::TaskIdPath;
 
 /// Page size of `GET /v1/dead` unless `limit` says otherwise.
 pub const DEFAULT_DEAD_PAGE: u64 = 100;
@@ -24,6 +25,20 @@ pub const DEFAULT_DEAD_PAGE: u64 = 100;
 pub const MAX_DEAD_PAGE: u64 = 1000;
 
 /// `GET /v1/dead?task_type=&after=&limit=`: dead tasks in id order, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/dead",
+    operation_id = "list_dead",
+    tag = "dead",
+    security(("bearer" = [])),
+    params(TenantParam, DeadParams),
+    responses(
+        (status = 200, description = "A page of dead tasks in id order", body = DeadPage),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 500, response = doc::Internal),
+    )
+)]
 pub async fn dead(state: AdminState, caller: Caller, query: Vec<(String, String)>) -> Answer {
     let mut q = Query::new(query)?;
     let scope = caller.read_scope(q.take("tenant").as_deref())?;
@@ -41,7 +56,16 @@ pub async fn dead(state: AdminState, caller: Caller, query: Vec<(String, String)
             format!("parameter `limit` must be at most {MAX_DEAD_PAGE}"),
         ));
     }
-    let after = after.map(|a| TaskId::try_from(a).unwrap_or(TaskId::MAX));
+    let after = match after.map(TaskId::try_from) {
+        Some(Err(_)) => {
+            return Err(ApiError::bad_request(
+                "invalid_parameter",
+                format!("parameter `after` must be at most {}", TaskId::MAX),
+            ))
+        }
+        Some(Ok(id)) => Some(id),
+        None => None,
+    };
     let limit = i64::try_from(limit).unwrap_or(1);
     let tasks =
         queue::list_dead(state.pool(), scope.as_deref(), task_type.as_deref(), after, limit)
@@ -52,6 +76,21 @@ pub async fn dead(state: AdminState, caller: Caller, query: Vec<(String, String)
 }
 
 /// `POST /v1/dead/{id}/requeue`: back to pending with attempts reset, history kept.
+#[utoipa::path(
+    post,
+    path = "/v1/dead/{id}/requeue",
+    operation_id = "requeue_dead",
+    tag = "dead",
+    security(("bearer" = [])),
+    params(TaskIdPath),
+    responses(
+        (status = 200, description = "The task, pending again", body = TaskView),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 409, response = doc::Conflict),
+        (status = 500, response = doc::Internal),
+    )
+)]
 pub async fn requeue(state: AdminState, caller: Caller, id: TaskId) -> Answer {
     queue::requeue(state.pool(), caller.scope(), id).await?;
     let task = queue::get_task(state.pool(), caller.scope(), id).await?;
@@ -59,6 +98,20 @@ pub async fn requeue(state: AdminState, caller: Caller, id: TaskId) -> Answer {
 }
 
 /// `GET /v1/stats`: per task type counts and rates, and the runners with heartbeat ages.
+#[utoipa::path(
+    get,
+    path = "/v1/stats",
+    operation_id = "stats",
+    tag = "ops",
+    security(("bearer" = [])),
+    params(TenantParam),
+    responses(
+        (status = 200, description = "Per tenant and task type, and the runners", body = StatsResponse),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 500, response = doc::Internal),
+    )
+)]
 pub async fn stats(state: AdminState, caller: Caller, query: Vec<(String, String)>) -> Answer {
     let mut q = Query::new(query)?;
     let scope = caller.read_scope(q.take("tenant").as_deref())?;
@@ -74,40 +127,29 @@ pub async fn stats(state: AdminState, caller: Caller, query: Vec<(String, String
     Ok(json(StatusCode::OK, &StatsResponse { types, runners }))
 }
 
-/// `GET /v1/tenants`: every tenant for the operator; a tenant sees itself.
-pub async fn tenants(state: AdminState, caller: Caller) -> Answer {
-    let tenants = match caller {
-        Caller::Operator => queue::list_tenants(state.pool()).await?,
-        Caller::Tenant(t) => vec![t],
-    };
-    Ok(json(StatusCode::OK, &TenantsResponse { tenants }))
-}
-
-/// `PUT /v1/tenants/{name}/weight` (operator): the tenant's fair-share weight.
-pub async fn set_weight(
-    state: AdminState,
-    caller: Caller,
-    name: String,
-    request: WeightRequest,
-) -> Answer {
-    if !matches!(caller, Caller::Operator) {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "operator_only",
-            "tenant weights are set by the operator",
-        ));
-    }
-    let tenant = queue::set_tenant_weight(state.pool(), &name, request.weight).await?;
-    tracing::info!(tenant = %tenant.name, weight = tenant.weight, "tenant weight set");
-    Ok(json(StatusCode::OK, &tenant))
-}
-
 /// `GET /healthz`: the process serves requests.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "ops",
+    responses((status = 200, description = "The process serves requests", body = Health))
+)]
 pub fn healthz() -> Response {
     json(StatusCode::OK, &Health { status: "ok" })
 }
 
 /// `GET /readyz`: the database answers and its schema is current.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "ops",
+    responses(
+        (status = 200, description = "The database answers and every migration is applied", body = Health),
+        (status = 503, response = doc::Unavailable),
+    )
+)]
 pub async fn readyz(state: AdminState) -> Answer {
     match queue::check_schema(state.pool()).await {
         Ok(()) => Ok(json(StatusCode::OK, &Health { status: "ready" })),
@@ -120,6 +162,20 @@ pub async fn readyz(state: AdminState) -> Answer {
 }
 
 /// `GET /metrics` (operator): Prometheus text format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "ops",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
+        (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
+        (status = 500, response = doc::Internal),
+        (status = 503, response = doc::Unavailable),
+    )
+)]
 pub async fn metrics(state: AdminState, caller: Caller) -> Answer {
     if !matches!(caller, Caller::Operator) {
         return Err(ApiError::new(

@@ -12,9 +12,20 @@ use super::{created_or_ok, json, Answer};
 use crate::admin::auth::Caller;
 use crate::admin::error::ApiError;
 use crate::admin::models::{BatchResponse, EnqueueRequest};
-use crate::admin::params::Query;
+use crate::admin::openapi as doc;
+use crate::admin::params::{Query, TenantParam};
 use crate::admin::AdminState;
-use crate::queue::{self, NewTask, TaskId};
+use crate::queue::{self, Enqueued, NewTask, TaskId, TaskView};
+
+/// `{id}` in a path, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TaskIdPath {
+    /// The task's id (ids are global: no tenant needed).
+    #[param(value_type = i64)]
+    pub id: TaskId,
+}
 
 fn tenant_param(query: Vec<(String, String)>) -> Result<Option<String>, ApiError> {
     let mut q = Query::new(query)?;
@@ -48,6 +59,26 @@ async fn check_modules(
 
 /// `POST /v1/tasks`: 201 with `{id, created: true}`, or 200 with the id of the live task that
 /// already holds the `dedup_key` (`created: false`).
+#[utoipa::path(
+    post,
+    path = "/v1/tasks",
+    operation_id = "enqueue",
+    tag = "tasks",
+    security(("bearer" = [])),
+    params(TenantParam),
+    request_body(content = EnqueueRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Enqueued", body = Enqueued),
+        (status = 200, description = "A live task holds the `dedup_key`: its id, nothing created", body = Enqueued),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 413, response = doc::TooLarge),
+        (status = 415, response = doc::UnsupportedMediaType),
+        (status = 422, response = doc::Unprocessable),
+        (status = 500, response = doc::Internal),
+    )
+)]
 pub async fn enqueue(
     state: AdminState,
     caller: Caller,
@@ -64,6 +95,29 @@ pub async fn enqueue(
 }
 
 /// `POST /v1/tasks/batch` with an array of tasks: 201 with their ids in input order.
+#[utoipa::path(
+    post,
+    path = "/v1/tasks/batch",
+    operation_id = "enqueue_batch",
+    tag = "tasks",
+    security(("bearer" = [])),
+    params(TenantParam),
+    request_body(
+        description = "At most 10 000 tasks; all are enqueued or none",
+        content = Vec<EnqueueRequest>,
+        content_type = "application/json",
+    ),
+    responses(
+        (status = 201, description = "One entry per task, in input order (`created: false` where a live task held the `dedup_key`)", body = BatchResponse),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 413, response = doc::TooLarge),
+        (status = 415, response = doc::UnsupportedMediaType),
+        (status = 422, response = doc::Unprocessable),
+        (status = 500, response = doc::Internal),
+    )
+)]
 pub async fn enqueue_batch(
     state: AdminState,
     caller: Caller,
@@ -93,6 +147,20 @@ pub async fn enqueue_batch(
 }
 
 /// `GET /v1/tasks/{id}`: state, attempts, error history, result and module of one task.
+#[utoipa::path(
+    get,
+    path = "/v1/tasks/{id}",
+    operation_id = "show_task",
+    tag = "tasks",
+    security(("bearer" = [])),
+    params(TaskIdPath),
+    responses(
+        (status = 200, description = "The task: live, finished or dead", body = TaskView),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 500, response = doc::Internal),
+    )
+)]
 pub async fn show(state: AdminState, caller: Caller, id: TaskId) -> Answer {
     let task = queue::get_task(state.pool(), caller.scope(), id).await?;
     Ok(json(StatusCode::OK, &task))
@@ -100,6 +168,21 @@ pub async fn show(state: AdminState, caller: Caller, id: TaskId) -> Answer {
 
 /// `POST /v1/tasks/{id}/cancel`: a pending or retrying task becomes cancelled (409 once it
 /// runs or has finished).
+#[utoipa::path(
+    post,
+    path = "/v1/tasks/{id}/cancel",
+    operation_id = "cancel_task",
+    tag = "tasks",
+    security(("bearer" = [])),
+    params(TaskIdPath),
+    responses(
+        (status = 200, description = "The task, now cancelled", body = TaskView),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 409, response = doc::Conflict),
+        (status = 500, response = doc::Internal),
+    )
+)]
 pub async fn cancel(state: AdminState, caller: Caller, id: TaskId) -> Answer {
     queue::cancel(state.pool(), caller.scope(), id).await?;
     let task = queue::get_task(state.pool(), caller.scope(), id).await?;

@@ -1,6 +1,6 @@
-//! Operator commands that need the database itself rather than the API: `sweep admin`
-//! (serve the admin API alone) and `sweep tenant create|list`. Also the admin API flags that
-//! `sweep run` shares.
+//! Operator commands: `sweep admin` (serve the admin API alone) and `sweep tenant create|list`
+//! work on the database itself; `sweep tenant weight|caps|rotate-token` go through the API
+//! with the operator token. Also the admin API flags that `sweep run` shares.
 
 use std::net::SocketAddr;
 
@@ -79,6 +79,16 @@ pub enum TenantCommand {
         #[command(flatten)]
         client: super::ClientArgs,
     },
+    /// Replace a tenant's API token (operator token; through the admin API): the old token
+    /// stops working at once; the new one is printed once.
+    RotateToken {
+        name: String,
+        #[command(flatten)]
+        client: super::ClientArgs,
+    },
+    /// Set or clear some of a tenant's caps (operator token; through the admin API). Caps not
+    /// named keep their value; `none` clears one (no cap beyond the runner's maxima).
+    Caps(TenantCapsArgs),
     /// List tenants, their weights and caps.
     List {
         #[command(flatten)]
@@ -115,6 +125,78 @@ pub struct TenantCreateArgs {
     pub json: bool,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct TenantCapsArgs {
+    pub name: String,
+    /// Most tasks running at once across all runners (0 pauses the tenant), or `none`.
+    #[arg(long, value_name = "N|none")]
+    pub max_running: Option<Cap>,
+    /// Largest module upload in bytes, or `none`.
+    #[arg(long, value_name = "BYTES|none")]
+    pub max_module_bytes: Option<Cap>,
+    /// Most fuel a module may ask for, or `none`.
+    #[arg(long, value_name = "F|none")]
+    pub max_fuel: Option<Cap>,
+    /// Longest timeout a module may ask for in milliseconds, or `none`.
+    #[arg(long, value_name = "MS|none")]
+    pub max_timeout_ms: Option<Cap>,
+    /// Most memory a module may ask for in MiB, or `none`.
+    #[arg(long, value_name = "MIB|none")]
+    pub max_memory_mb: Option<Cap>,
+    #[command(flatten)]
+    pub client: super::ClientArgs,
+}
+
+/// A cap given on the command line: a number, or `none` to clear it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cap {
+    Clear,
+    Set(i64),
+}
+
+impl std::str::FromStr for Cap {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("none") {
+            return Ok(Cap::Clear);
+        }
+        s.parse::<i64>()
+            .map(Cap::Set)
+            .map_err(|_| format!("expected a whole number or `none`, got {s:?}"))
+    }
+}
+
+impl Cap {
+    fn to_json(self, scale: i64) -> anyhow::Result<serde_json::Value> {
+        Ok(match self {
+            Cap::Clear => serde_json::Value::Null,
+            Cap::Set(v) => {
+                json!(v.checked_mul(scale).ok_or_else(|| anyhow::anyhow!("{v} is too large"))?)
+            }
+        })
+    }
+}
+
+/// The `PATCH /v1/tenants/{name}/caps` body for `args`: only the caps given.
+fn caps_body(args: &TenantCapsArgs) -> anyhow::Result<serde_json::Value> {
+    let mut body = serde_json::Map::new();
+    for (field, cap, scale) in [
+        ("max_running", args.max_running, 1),
+        ("max_module_bytes", args.max_module_bytes, 1),
+        ("max_fuel", args.max_fuel, 1),
+        ("max_timeout_ms", args.max_timeout_ms, 1),
+        ("max_memory_bytes", args.max_memory_mb, 1 << 20),
+    ] {
+        if let Some(cap) = cap {
+            body.insert(field.to_owned(), cap.to_json(scale)?);
+        }
+    }
+    if body.is_empty() {
+        anyhow::bail!("name at least one cap to change (e.g. --max-running 4, --max-fuel none)");
+    }
+    Ok(serde_json::Value::Object(body))
+}
+
 pub async fn tenant(command: TenantCommand) -> anyhow::Result<()> {
     match command {
         TenantCommand::Create(args) => create(args).await,
@@ -127,6 +209,42 @@ pub async fn tenant(command: TenantCommand) -> anyhow::Result<()> {
             let answer = api.send(request).await?;
             if !api.printed_json(&answer) {
                 println!("tenant {}: weight {}", print::cell(&answer["name"]), answer["weight"]);
+            }
+            Ok(())
+        }
+        TenantCommand::RotateToken { name, client } => {
+            let api = super::Api::new(client)?;
+            let request = api.request(reqwest::Method::POST, &format!("/v1/tenants/{name}/token"));
+            let answer = api.send(request).await?;
+            if !api.printed_json(&answer) {
+                println!("new token for tenant {}; the old one no longer works", name);
+                println!("API token (shown once, store it now; only its hash is kept):");
+                println!("  {}", print::cell(&answer["token"]));
+            }
+            Ok(())
+        }
+        TenantCommand::Caps(args) => {
+            let body = caps_body(&args)?;
+            let api = super::Api::new(args.client)?;
+            let request = api
+                .request(reqwest::Method::PATCH, &format!("/v1/tenants/{}/caps", args.name))
+                .json(&body);
+            let answer = api.send(request).await?;
+            if !api.printed_json(&answer) {
+                let cap = |field: &str| match &answer[field] {
+                    serde_json::Value::Null => "-".to_owned(),
+                    v => v.to_string(),
+                };
+                println!(
+                    "tenant {}: max_running {}, max_module_bytes {}, max_fuel {}, \
+                     max_timeout_ms {}, max_memory_bytes {}",
+                    print::cell(&answer["name"]),
+                    cap("max_running"),
+                    cap("max_module_bytes"),
+                    cap("max_fuel"),
+                    cap("max_timeout_ms"),
+                    cap("max_memory_bytes"),
+                );
             }
             Ok(())
         }
@@ -199,4 +317,42 @@ async fn list(db: DatabaseArgs, json: bool) -> anyhow::Result<()> {
         &rows,
     );
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        caps: TenantCapsArgs,
+    }
+
+    #[test]
+    fn caps_send_only_what_was_named_and_none_clears() {
+        let cli = Cli::try_parse_from([
+            "t",
+            "acme",
+            "--max-running",
+            "4",
+            "--max-fuel",
+            "none",
+            "--max-memory-mb",
+            "2",
+            "--token",
+            "x",
+        ])
+        .unwrap();
+        let body = caps_body(&cli.caps).unwrap();
+        assert_eq!(
+            body,
+            json!({"max_running": 4, "max_fuel": null, "max_memory_bytes": 2 * 1024 * 1024})
+        );
+        let cli = Cli::try_parse_from(["t", "acme", "--token", "x"]).unwrap();
+        assert!(caps_body(&cli.caps).is_err(), "nothing to change is an error");
+        assert!(Cli::try_parse_from(["t", "acme", "--max-fuel", "lots"]).is_err());
+    }
 }

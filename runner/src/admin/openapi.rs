@@ -1,0 +1,201 @@
+//! The admin API's OpenAPI 3.1 document, served at `GET /v1/openapi.json` without
+//! authentication (it describes the API, never a tenant's data).
+//!
+//! Owns: [`document`] and the document's shared parts: the bearer security scheme, the error
+//! responses every route refers to (`#/components/responses/...`, all the
+//! `{"error": {"code", "message"}}` envelope) and the component schemas.
+//!
+//! Invariants: the paths are exactly [`Route::ALL`], each operation taken from its handler's
+//! `#[utoipa::path]`; every schema a path refers to is a component here (the tests resolve
+//! every `$ref` and validate live answers against it).
+
+use std::sync::OnceLock;
+
+use utoipa::openapi::path::{PathItem, PathsBuilder};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToResponse};
+use warp::http::{header, HeaderValue, StatusCode};
+use warp::reply::{Reply, Response};
+
+use super::filters::Route;
+use super::handlers::modules::WasmModule;
+use super::models::{
+    ActivateRequest, BatchResponse, CapsRequest, DeadPage, EnqueueRequest, ErrorResponse, Health,
+    ModulesResponse, StatsResponse, TenantsResponse, TokenResponse, UploadResponse, WeightRequest,
+};
+use crate::queue::{ModuleVersion, TaskView, Tenant};
+
+/// Name of the security scheme every authenticated operation requires.
+pub const BEARER: &str = "bearer";
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Sweep admin API",
+        description = "Upload WebAssembly handler modules, enqueue and inspect tasks, read queue \
+            statistics. Every route except the probes and this document needs \
+            `Authorization: Bearer <token>`: a tenant's token (that tenant's rows only; other \
+            tenants' rows answer 404) or the operator's (every tenant; names one with \
+            `?tenant=`). Errors are `{\"error\": {\"code\": \"...\", \"message\": \"...\"}}`."
+    ),
+    components(
+        schemas(
+            ErrorResponse,
+            Health,
+            WasmModule,
+            UploadResponse,
+            ModulesResponse,
+            ModuleVersion,
+            ActivateRequest,
+            EnqueueRequest,
+            BatchResponse,
+            TaskView,
+            DeadPage,
+            StatsResponse,
+            TenantsResponse,
+            Tenant,
+            WeightRequest,
+            CapsRequest,
+            TokenResponse,
+        ),
+        responses(
+            BadRequest,
+            Unauthorized,
+            Forbidden,
+            NotFound,
+            Conflict,
+            TooLarge,
+            UnsupportedMediaType,
+            Unprocessable,
+            Internal,
+            Unavailable
+        )
+    ),
+    modifiers(&BearerScheme),
+    tags(
+        (name = "modules", description = "Handler modules: upload, versions, rollback"),
+        (name = "tasks", description = "Enqueue, show and cancel tasks"),
+        (name = "dead", description = "The dead-letter table"),
+        (name = "tenants", description = "Tenants, weights, caps and tokens"),
+        (name = "ops", description = "Statistics, metrics, probes and this document")
+    )
+)]
+struct ApiDoc;
+
+struct BearerScheme;
+
+impl Modify for BearerScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let scheme = HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .description(Some(
+                "A tenant token (`swp_...`, from `sweep tenant create`) or the operator token \
+                 (`SWEEP_OPERATOR_TOKEN`).",
+            ))
+            .build();
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme(BEARER, SecurityScheme::Http(scheme));
+    }
+}
+
+/// The whole document: shared parts from [`ApiDoc`], one operation per [`Route`].
+pub fn document() -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    let paths = Route::ALL.into_iter().fold(PathsBuilder::new(), |paths, route| {
+        let (path, methods, operation) = route.doc();
+        paths.path(path, PathItem::from_http_methods(methods, operation))
+    });
+    doc.paths = paths.build();
+    doc
+}
+
+/// [`document`] as JSON, built once.
+pub fn document_json() -> &'static str {
+    static JSON: OnceLock<String> = OnceLock::new();
+    JSON.get_or_init(|| {
+        // Serialising plain maps and strings cannot fail; an empty object would still be JSON.
+        document().to_pretty_json().unwrap_or_else(|_| "{}".to_owned())
+    })
+}
+
+/// `GET /v1/openapi.json`: this document.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    operation_id = "openapi",
+    tag = "ops",
+    responses((status = 200, description = "This OpenAPI 3.1 document", body = Object))
+)]
+pub fn serve() -> Response {
+    let mut response = warp::reply::with_status(document_json(), StatusCode::OK).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// 400: malformed input (a body that does not parse or has unknown fields; a bad, zero,
+/// negative, repeated or unknown query parameter; a bad task type or tenant name; a tenant
+/// naming another tenant). Codes: `invalid_json`, `invalid_parameter`, `unknown_parameter`,
+/// `invalid_task_type`, `invalid_tenant`, `tenant_not_allowed`, `invalid_query`,
+/// `invalid_header`, `invalid_body`.
+#[derive(ToResponse)]
+#[allow(dead_code)] // describes answers; never built
+pub struct BadRequest(ErrorResponse);
+
+/// 401: no token, not a bearer token, or an unknown token (`unauthorized`).
+#[derive(ToResponse)]
+#[allow(dead_code)] // describes answers; never built
+pub struct Unauthorized(ErrorResponse);
+
+/// 403: a tenant token on an operator route (`operator_only`).
+#[derive(ToResponse)]
+#[allow(dead_code)] // describes answers; never built
+pub struct Forbidden(ErrorResponse);
+
+/// 404: no such task, module, version or tenant, or it belongs to another tenant
+/// (`not_found`).
+#[derive(ToResponse)]
+#[allow(dead_code)] // describes answers; never built
+pub struct NotFound(ErrorResponse);
+
+/// 409: the task's state does not allow this (`not_cancellable`), or its dedup key is held by
+/// a live task (`dedup_key_taken`).
+#[derive(ToResponse)]
+#[allow(dead_code)] // describes answers; never built
+pub struct Conflict(ErrorResponse);
+
+/// 413: the body is over the limit (module: 16 MiB or the tenant's cap; JSON: 8 MiB)
+/// (`too_large`).
+#[derive(ToResponse)]
+#[allow(dead_code)] // describes answers; never built
+pub struct TooLarge(ErrorResponse);
+
+/// 415: the body's `Content-Type` is not the one the route takes (`unsupported_media_type`).
+#[derive(ToResponse)]
+#[allow(dead_code)] // describes answers; never built
+pub struct UnsupportedMediaType(ErrorResponse);
+
+/// 422: well-formed but refused: a module that breaks the guest contract or cannot fit its
+/// memory limit, limits above the runner maxima or tenant caps, an invalid task, a task type
+/// without a module, an out-of-range value. Codes: `not_wasm`, `invalid_wasm`,
+/// `not_core_module`, `missing_start`, `bad_start_signature`, `missing_memory_export`,
+/// `forbidden_import`, `unknown_import`, `memory_too_large`, `validation_timeout`,
+/// `limit_too_high`, `invalid_backoff`, `invalid_task`, `unknown_task_type`,
+/// `batch_too_large`, `invalid_tenant`.
+#[derive(ToResponse)]
+#[allow(dead_code)] // describes answers; never built
+pub struct Unprocessable(ErrorResponse);
+
+/// 500: our failure; the cause is logged, the message is `internal error` (`internal`).
+#[derive(ToResponse)]
+#[allow(dead_code)] // describes answers; never built
+pub struct Internal(ErrorResponse);
+
+/// 503: not available right now: the database (`/readyz`), the metrics recorder, or the
+/// server is shutting down (`unavailable`).
+#[derive(ToResponse)]
+#[allow(dead_code)] // describes answers; never built
+pub struct Unavailable(ErrorResponse);
