@@ -158,7 +158,10 @@ pub fn routes(
     let task_routes = enqueue.or(batch).unify().or(task_show).unify().or(cancel).unify();
     let ops_routes =
         dead.or(requeue).unify().or(stats).unify().or(tenants).unify().or(weight).unify();
+    let ui = super::ui::routes(state.clone());
     probes
+        .or(ui.boxed())
+        .unify()
         .or(module_routes.boxed())
         .unify()
         .or(task_routes.boxed())

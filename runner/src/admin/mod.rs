@@ -8,7 +8,8 @@
 //!
 //! Files: `config` (settings), `auth` (tokens, callers, tenant scoping), `body` (size-limited
 //! bodies), `params` (query strings, module limits), `models` (JSON bodies), `handlers/*`
-//! (one file per resource), `filters` (route table), `error` (JSON errors, the `recover`).
+//! (one file per resource), `filters` (route table), `error` (JSON errors, the `recover`),
+//! `ui/*` (the HTML dashboard at `/ui`, on the same auth and queue functions).
 //!
 //! Invariants:
 //! - every `/v1` route and `/metrics` authenticates (`Authorization: Bearer <token>`); a tenant
@@ -25,6 +26,7 @@ mod filters;
 mod handlers;
 mod models;
 mod params;
+mod ui;
 
 use std::fmt;
 use std::future::Future;
@@ -36,7 +38,9 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-pub use auth::{create_tenant, hash_token, new_token, Caller, TOKEN_PREFIX};
+pub use auth::{
+    create_read_only_token, create_tenant, hash_token, new_token, Caller, Identity, TOKEN_PREFIX,
+};
 pub use config::{
     AdminConfig, AdminConfigError, DEFAULT_ADDR, DEFAULT_MAX_BATCH,
     DEFAULT_MAX_CONCURRENT_VALIDATIONS, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_MODULE_BYTES,
@@ -76,6 +80,8 @@ struct Inner {
     operator_token_hash: Option<String>,
     metrics: Option<PrometheusHandle>,
     validation_slots: Arc<Semaphore>,
+    /// Per-process random key the dashboard derives CSRF tokens from (see `ui::session`).
+    ui_key: [u8; 32],
 }
 
 impl fmt::Debug for AdminState {
@@ -111,6 +117,7 @@ impl AdminState {
                 operator_token_hash,
                 metrics,
                 validation_slots,
+                ui_key: ui::new_key(),
             }),
         })
     }
@@ -133,6 +140,10 @@ impl AdminState {
 
     fn operator_token_hash(&self) -> Option<&str> {
         self.inner.operator_token_hash.as_deref()
+    }
+
+    fn ui_key(&self) -> &[u8; 32] {
+        &self.inner.ui_key
     }
 
     fn validation_slots(&self) -> Arc<Semaphore> {

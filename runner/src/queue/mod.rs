@@ -51,7 +51,9 @@ mod retry;
 mod runners;
 mod stats;
 mod tenants;
+mod tokens;
 mod types;
+mod views;
 
 pub use claim::{claim, claim_batch, heartbeat_leases, release_batch, ClaimMode};
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
@@ -74,10 +76,12 @@ pub use tenants::{
     create_tenant, get_tenant, list_tenants, missing_modules, set_tenant_caps, set_tenant_weight,
     tenant_by_token, Tenant, TenantCaps, TenantError, MAX_WEIGHT,
 };
+pub use tokens::{add_read_only_token, token_tenant, TokenTenant};
 pub use types::{
     validate_task_type, validate_tenant, ActiveModule, ClaimedTask, NewTask, Schedule, TaskId,
     TaskState, DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_MAX_ATTEMPTS,
 };
+pub use views::{list_tasks, throughput_last_hour, MinuteCounts, TaskFilter, TaskRow};
 
 /// The migrations in `migrations/`, embedded at build time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
