@@ -92,7 +92,10 @@ async fn the_dashboard_scopes_sessions_and_refuses_forged_writes(pool: PgPool) {
 
     // No session: every page sends to the login; a bad token is a 401 login page.
     let r = ui(&api, warp::test::request().path("/ui/tasks")).await;
-    assert_eq!((r.status().as_u16(), &r.headers()["location"]), (303, "/ui/login"));
+    assert_eq!(
+        (r.status().as_u16(), r.headers()["location"].to_str().unwrap()),
+        (303, "/ui/login")
+    );
     let r = ui(
         &api,
         warp::test::request()
@@ -195,6 +198,19 @@ async fn the_dashboard_scopes_sessions_and_refuses_forged_writes(pool: PgPool) {
     )
     .await;
     assert_eq!(r.status(), 400);
+    // Logging out clears the cookie; it needs the CSRF token like any other POST.
+    let logout = warp::test::request()
+        .method("POST")
+        .path("/ui/logout")
+        .header("cookie", &acme_cookie)
+        .header("origin", "http://127.0.0.1:7070")
+        .header("host", "127.0.0.1:7070")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}"));
+    let r = ui(&api, logout).await;
+    assert_eq!(r.status(), 303, "{}", text(&r));
+    assert!(r.headers()["set-cookie"].to_str().unwrap().contains("Max-Age=0"));
+
     let r = ui(&api, warp::test::request().path("/ui/static/htmx.min.js")).await;
     assert_eq!(r.status(), 200);
     assert!(r.headers()["cache-control"].to_str().unwrap().contains("immutable"));

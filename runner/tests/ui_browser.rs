@@ -174,7 +174,7 @@ async fn login(c: &Client, base: &str, token: &str, who: &str) {
 
 async fn logout(c: &Client) {
     c.find(Locator::Css("header form button")).await.unwrap().click().await.unwrap();
-    wait_text(c, "h1", "Sweep dashboard").await;
+    wait_text(c, "main", "Sweep dashboard").await;
 }
 
 /// A POST from the page's own script; returns the HTTP status.

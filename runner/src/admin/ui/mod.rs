@@ -91,14 +91,29 @@ where
 }
 
 /// A mutation: session that may write, same origin, CSRF token; then `f` with the form.
-async fn post<F, Fut>(state: AdminState, meta: PostMeta, mut form: Pairs, f: F) -> Response
+async fn post<F, Fut>(state: AdminState, meta: PostMeta, form: Pairs, f: F) -> Response
+where
+    F: FnOnce(AdminState, Session, Pairs) -> Fut,
+    Fut: Future<Output = Page>,
+{
+    checked_post(state, meta, form, true, f).await
+}
+
+/// Like [`post`]; `writes: false` (logging out) lets read-only sessions through too.
+async fn checked_post<F, Fut>(
+    state: AdminState,
+    meta: PostMeta,
+    mut form: Pairs,
+    writes: bool,
+    f: F,
+) -> Response
 where
     F: FnOnce(AdminState, Session, Pairs) -> Fut,
     Fut: Future<Output = Page>,
 {
     let field = form.iter().position(|(k, _)| k == "csrf").map(|i| form.remove(i).1);
     with_session(state, meta.cookie, |state, s| async move {
-        if s.read_only() {
+        if writes && s.read_only() {
             return Err(super::auth::read_only_refusal());
         }
         if !session::origin_ok(meta.origin.as_deref(), meta.host.as_deref()) {
@@ -174,7 +189,7 @@ pub fn routes(state: AdminState) -> BoxedFilter<(Response,)> {
         .and(post_meta())
         .and(form())
         .then(|state, meta, form| {
-            post(state, meta, form, |_, _, _| async { Ok(overview::logout()) })
+            checked_post(state, meta, form, false, |_, _, _| async { Ok(overview::logout()) })
         });
 
     let home = warp::path::end()
