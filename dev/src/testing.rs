@@ -95,6 +95,18 @@ pub fn test_config() -> WorkerConfig {
     }
 }
 
+/// [`test_config`] with `concurrency` slots, no spare slots and no instance pool: for tests
+/// that drive a runner next to an admin API and want its pace plain.
+pub fn unpooled_config(concurrency: usize) -> WorkerConfig {
+    let max_concurrency = u32::try_from(concurrency).unwrap_or(u32::MAX);
+    WorkerConfig {
+        concurrency,
+        spare_slots: 0,
+        sandbox: SandboxConfig { max_concurrency, pooling: false, ..test_config().sandbox },
+        ..test_config()
+    }
+}
+
 /// A runner running in this process until [`RunningWorker::stop`].
 #[derive(Debug)]
 pub struct RunningWorker {

@@ -11,36 +11,8 @@ use std::time::Duration;
 use admin_support::*;
 use serde_json::{json, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sweep::admin::{self, AdminConfig};
-use sweep::config::WorkerConfig;
+use sweep::admin;
 use sweep::queue::TenantCaps;
-use sweep::sandbox::SandboxConfig;
-use tokio::sync::oneshot;
-
-/// The API on an ephemeral port; dropping the sender stops it.
-async fn serve(db: &Stores) -> (String, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let config = AdminConfig { operator_token: Some(OPERATOR.into()), ..AdminConfig::default() };
-    let state = admin::AdminState::new(&db.admin, sandbox(), config).expect("state");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        let shutdown = async {
-            let _ = stopped.await;
-        };
-        admin::serve_on(listener, state, shutdown).await.expect("serve");
-    });
-    (url, stop, server)
-}
-
-/// Test settings with no spare slots and no instance pool.
-fn worker_config() -> WorkerConfig {
-    WorkerConfig {
-        spare_slots: 0,
-        sandbox: SandboxConfig { max_concurrency: 4, pooling: false, ..test_config().sandbox },
-        ..test_config()
-    }
-}
 
 async fn json_of(response: reqwest::Response) -> (u16, Value) {
     let status = response.status().as_u16();
@@ -83,7 +55,7 @@ async fn a_module_uploaded_over_http_runs_and_its_result_is_served(
     assert_eq!(status, 201, "{enqueued}");
     let id = enqueued["id"].as_i64().expect("id");
 
-    let worker = start_worker(&db, worker_config());
+    let worker = start_worker(&db, unpooled_config(4));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let task = loop {
         let shown = http.get(format!("{url}/v1/tasks/{id}")).bearer_auth(&token).send().await;
@@ -132,7 +104,7 @@ async fn two_runners_keep_a_tenant_under_its_running_cap(_: PgPoolOptions, db: P
     let quick = serde_json::Value::Array(vec![json!({"task_type": "quick"}); 6]);
     api.post("/v1/tasks/batch", Some(OPERATOR), &quick).await.ok(201);
 
-    let runners = [start_worker(&db, worker_config()), start_worker(&db, worker_config())];
+    let runners = [start_worker(&db, unpooled_config(4)), start_worker(&db, unpooled_config(4))];
     let mut most = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {

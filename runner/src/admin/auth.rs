@@ -9,11 +9,14 @@
 //! - a tenant caller is scoped to its own name on every route; naming another tenant is
 //!   refused, and another tenant's rows answer 404 (the queue functions filter by tenant);
 //! - only the operator may name a tenant (`?tenant=NAME`); without one, the operator writes
-//!   to the `default` tenant and reads across all tenants.
+//!   to the `default` tenant and reads across all tenants;
+//! - a read-only token (see `queue::tokens`) acts as its tenant on `GET`/`HEAD` routes and
+//!   gets 403 `read_only` on every other method, before the handler runs. The dashboard
+//!   resolves its session cookie with the same [`identify_token`].
 
 use rand::RngCore;
 use sqlx::PgPool;
-use warp::http::HeaderMap;
+use warp::http::{HeaderMap, Method, StatusCode};
 use warp::{Filter, Rejection};
 
 use super::error::ApiError;
@@ -133,17 +136,42 @@ fn check_own(t: &Tenant, requested: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
-/// Extracts the [`Caller`] from `Authorization: Bearer <token>`, or rejects with 401.
+/// Who a token speaks for, and whether it may change anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub caller: Caller,
+    pub read_only: bool,
+}
+
+/// Extracts the [`Caller`] from `Authorization: Bearer <token>`, or rejects with 401 (no or
+/// bad token) or 403 `read_only` (a read-only token on anything but `GET`/`HEAD`).
 pub fn authenticate(
     state: AdminState,
 ) -> impl Filter<Extract = (Caller,), Error = Rejection> + Clone {
-    warp::header::headers_cloned().and_then(move |headers: HeaderMap| {
-        let state = state.clone();
-        async move { identify(&state, &headers).await.map_err(ApiError::reject) }
-    })
+    warp::method().and(warp::header::headers_cloned()).and_then(
+        move |method: Method, headers: HeaderMap| {
+            let state = state.clone();
+            async move {
+                let identity = identify(&state, &headers).await.map_err(ApiError::reject)?;
+                if identity.read_only && !is_read(&method) {
+                    return Err(read_only_refusal().reject());
+                }
+                Ok(identity.caller)
+            }
+        },
+    )
 }
 
-async fn identify(state: &AdminState, headers: &HeaderMap) -> Result<Caller, ApiError> {
+/// Methods a read-only token may use.
+pub fn is_read(method: &Method) -> bool {
+    method == Method::GET || method == Method::HEAD
+}
+
+pub fn read_only_refusal() -> ApiError {
+    ApiError::new(StatusCode::FORBIDDEN, "read_only", "this token can read but not change anything")
+}
+
+async fn identify(state: &AdminState, headers: &HeaderMap) -> Result<Identity, ApiError> {
     let Some(value) = headers.get(warp::http::header::AUTHORIZATION) else {
         return Err(ApiError::unauthorized("missing Authorization: Bearer <token> header"));
     };
@@ -155,19 +183,38 @@ async fn identify(state: &AdminState, headers: &HeaderMap) -> Result<Caller, Api
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .ok_or_else(|| ApiError::unauthorized("expected Authorization: Bearer <token>"))?;
+    identify_token(state, token).await
+}
+
+/// The identity behind `token` (operator, tenant, read-only tenant), or 401.
+pub async fn identify_token(state: &AdminState, token: &str) -> Result<Identity, ApiError> {
+    if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+        return Err(ApiError::unauthorized("invalid token"));
+    }
     let hash = hash_token(token);
     if let Some(operator) = state.operator_token_hash() {
         if constant_time_eq(hash.as_bytes(), operator.as_bytes()) {
-            return Ok(Caller::Operator);
+            return Ok(Identity { caller: Caller::Operator, read_only: false });
         }
     }
-    match queue::tenant_by_token(state.pool(), &hash).await? {
-        Some(tenant) => Ok(Caller::Tenant(tenant)),
+    match queue::token_tenant(state.pool(), &hash).await? {
+        Some(t) => Ok(Identity { caller: Caller::Tenant(t.tenant), read_only: t.read_only }),
         None => Err(ApiError::unauthorized("invalid token")),
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+/// Creates a read-only token for tenant `name` and returns it (shown once; only its hash is
+/// stored).
+pub async fn create_read_only_token(
+    pool: &PgPool,
+    name: &str,
+) -> Result<String, queue::TenantError> {
+    let (token, hash) = new_token();
+    queue::add_read_only_token(pool, name, &hash).await?;
+    Ok(token)
+}
+
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

@@ -296,11 +296,12 @@ pub fn routes(
     state: AdminState,
 ) -> impl Filter<Extract = (impl Reply,), Error = Infallible> + Clone + Send + Sync + 'static {
     let [first, rest @ ..] = Route::ALL;
-    rest.iter()
-        .fold(first.filter(&state), |served, next| served.or(next.filter(&state)).unify().boxed())
-        .recover(recover)
-        .unify()
-        .with(warp::log::custom(|info| {
+    let api = rest
+        .iter()
+        .fold(first.filter(&state), |served, next| served.or(next.filter(&state)).unify().boxed());
+    // The dashboard (`/ui`) first: its pages answer HTML, never the API's JSON errors.
+    super::ui::routes(state.clone()).or(api).unify().recover(recover).unify().with(
+        warp::log::custom(|info| {
             let (method, path, status) = (info.method(), info.path(), info.status().as_u16());
             let elapsed_ms = info.elapsed().as_secs_f64() * 1000.0;
             if status >= 500 {
@@ -308,5 +309,6 @@ pub fn routes(
             } else {
                 tracing::debug!(%method, path, status, elapsed_ms, "admin API request");
             }
-        }))
+        }),
+    )
 }

@@ -9,7 +9,8 @@
 //! Files: `config` (settings), `auth` (tokens, callers, tenant scoping), `body` (size-limited
 //! bodies), `params` (query strings, module limits), `models` (JSON bodies), `handlers/*`
 //! (one file per resource), `filters` (route table), `openapi` (the OpenAPI document built
-//! from that table), `error` (JSON errors, the `recover`).
+//! from that table), `error` (JSON errors, the `recover`), `ui/*` (the HTML dashboard at
+//! `/ui`, on the same auth and queue functions).
 //!
 //! Invariants:
 //! - every `/v1` route but `/v1/openapi.json`, and `/metrics`, authenticates
@@ -28,6 +29,7 @@ mod handlers;
 mod models;
 mod openapi;
 mod params;
+mod ui;
 
 use std::fmt;
 use std::future::Future;
@@ -39,7 +41,10 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-pub use auth::{create_tenant, hash_token, new_token, rotate_token, Caller, TOKEN_PREFIX};
+pub use auth::{
+    create_read_only_token, create_tenant, hash_token, new_token, rotate_token, Caller, Identity,
+    TOKEN_PREFIX,
+};
 pub use config::{
     AdminConfig, AdminConfigError, DEFAULT_ADDR, DEFAULT_MAX_BATCH,
     DEFAULT_MAX_CONCURRENT_VALIDATIONS, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_MODULE_BYTES,
@@ -83,6 +88,8 @@ struct Inner {
     operator_token_hash: Option<String>,
     metrics: Option<PrometheusHandle>,
     validation_slots: Arc<Semaphore>,
+    /// Per-process random key the dashboard derives CSRF tokens from (see `ui::session`).
+    ui_key: [u8; 32],
 }
 
 impl fmt::Debug for AdminState {
@@ -125,6 +132,7 @@ impl AdminState {
                 operator_token_hash,
                 metrics,
                 validation_slots,
+                ui_key: ui::new_key(),
             }),
         })
     }
@@ -147,6 +155,10 @@ impl AdminState {
 
     fn operator_token_hash(&self) -> Option<&str> {
         self.inner.operator_token_hash.as_deref()
+    }
+
+    fn ui_key(&self) -> &[u8; 32] {
+        &self.inner.ui_key
     }
 
     fn validation_slots(&self) -> Arc<Semaphore> {

@@ -81,7 +81,9 @@ mod statements_tests;
 mod stats;
 mod store;
 mod tenants;
+mod tokens;
 mod types;
+mod views;
 
 pub use claim::{claim, claim_batch, heartbeat_leases, release_batch, ClaimMode};
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
@@ -105,10 +107,12 @@ pub use tenants::{
     set_tenant_token, set_tenant_weight, tenant_by_token, CapsChange, Tenant, TenantCaps,
     TenantError, MAX_WEIGHT,
 };
+pub use tokens::{add_read_only_token, token_tenant, TokenTenant};
 pub use types::{
     validate_task_type, validate_tenant, ActiveModule, ClaimedTask, NewTask, Schedule, TaskId,
     DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS,
 };
+pub use views::{list_tasks, throughput_last_hour, MinuteCounts, TaskFilter, TaskRow};
 pub use vocab::{FailureKind, TaskState};
 
 /// The migrations in `migrations/`, embedded at build time.
@@ -128,6 +132,8 @@ pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)>
         stats::STATEMENTS,
         store::STATEMENTS,
         tenants::STATEMENTS,
+        tokens::STATEMENTS,
+        views::STATEMENTS,
     ]
     .into_iter()
     .flatten()

@@ -11,6 +11,7 @@ use sqlx::PgPool;
 use sweep::admin::{self, AdminConfig, AdminState};
 use sweep::queue::TenantCaps;
 use sweep::sandbox::{Sandbox, SandboxConfig};
+use tokio::sync::oneshot;
 use warp::http::StatusCode;
 
 /// The operator token every test API is configured with.
@@ -180,4 +181,20 @@ pub async fn make_dead(pool: &PgPool, tenant: &str, task_type: &str) -> i64 {
     .fetch_one(pool)
     .await
     .expect("insert dead task")
+}
+
+/// The API on an ephemeral port; dropping the sender stops it.
+pub async fn serve(db: &Stores) -> (String, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let config = AdminConfig { operator_token: Some(OPERATOR.into()), ..AdminConfig::default() };
+    let state = AdminState::new(&db.admin, sandbox(), config).expect("state");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        sweep::admin::serve_on(listener, state, shutdown).await.expect("serve");
+    });
+    (url, stop, server)
 }

@@ -89,6 +89,20 @@ pub enum TenantCommand {
     /// Set or clear some of a tenant's caps (operator token; through the admin API). Caps not
     /// named keep their value; `none` clears one (no cap beyond the runner's maxima).
     Caps(TenantCapsArgs),
+    /// Create an extra token for a tenant and print it (shown once; talks to Postgres
+    /// directly). Only read-only tokens exist: they see everything the tenant sees, in the API
+    /// (GET routes) and the dashboard, and change nothing (403 `read_only`).
+    Token {
+        name: String,
+        /// Required: the token may read but not change anything.
+        #[arg(long, required = true)]
+        read_only: bool,
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// List tenants, their weights and caps.
     List {
         #[command(flatten)]
@@ -201,6 +215,9 @@ pub async fn tenant(command: TenantCommand) -> anyhow::Result<()> {
     match command {
         TenantCommand::Create(args) => create(args).await,
         TenantCommand::List { db, json } => list(db, json).await,
+        TenantCommand::Token { name, read_only: _, db, json } => {
+            read_only_token(name, db, json).await
+        }
         TenantCommand::Weight { name, weight, client } => {
             let api = super::Api::new(client)?;
             let request = api
@@ -270,6 +287,23 @@ async fn create(args: TenantCreateArgs) -> anyhow::Result<()> {
     } else {
         println!("created tenant {}", tenant.name);
         println!("API token (shown once, store it now; only its hash is kept):");
+        println!("  {token}");
+    }
+    Ok(())
+}
+
+async fn read_only_token(name: String, db: DatabaseArgs, json: bool) -> anyhow::Result<()> {
+    let store =
+        Store::open(&db.database_url, Role::Admin, 2).await.context("opening the database")?;
+    let created = admin::create_read_only_token(store.pool(), &name).await;
+    store.close().await;
+    let token = created.with_context(|| format!("creating a read-only token for {name:?}"))?;
+    if json {
+        println!("{}", print::pretty(&json!({"tenant": name, "read_only": true, "token": token})));
+    } else {
+        println!(
+            "read-only token for tenant {name} (shown once, store it now; only its hash is kept):"
+        );
         println!("  {token}");
     }
     Ok(())
