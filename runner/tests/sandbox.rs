@@ -359,10 +359,11 @@ async fn limits_above_the_maxima_are_capped() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A run that finds no free slot in the pool waits for one: it starts as soon as the slot
-/// comes back, and the guest never pays for the wait with a failed attempt.
-#[tokio::test(flavor = "current_thread")]
-async fn a_run_waits_for_a_free_pool_slot() -> anyhow::Result<()> {
+/// A pooling sandbox of one slot, taken by a guest that sleeps until `hold` runs out; `None`
+/// where the host has no pooling allocator.
+async fn one_slot_held_for(
+    hold: Duration,
+) -> anyhow::Result<Option<(Sandbox, tokio::task::JoinHandle<sweep::sandbox::Execution>)>> {
     let sb = Sandbox::new(SandboxConfig {
         pooling: true,
         max_concurrency: 1,
@@ -370,17 +371,27 @@ async fn a_run_waits_for_a_free_pool_slot() -> anyhow::Result<()> {
     })?;
     if sb.allocator() != AllocatorKind::Pooling {
         eprintln!("pooling unavailable on this host; skipping");
-        return Ok(());
+        return Ok(None);
     }
     let sleeper = Arc::new(compile(&sb, SLEEP_AN_HOUR)?);
     let held = {
         let (sb, sleeper) = (sb.clone(), Arc::clone(&sleeper));
-        let limits = Limits { timeout: Duration::from_millis(200), ..limits() };
+        let limits = Limits { timeout: hold, ..limits() };
         tokio::spawn(async move { sb.run(&sleeper, &input(json!(null)), &limits).await })
     };
     // On this single-threaded runtime the spawned run gets polled here: it instantiates
     // (taking the only slot) and parks in its sleep.
     tokio::task::yield_now().await;
+    Ok(Some((sb, held)))
+}
+
+/// A run that finds no free slot in the pool waits for one: it starts as soon as the slot
+/// comes back, and the guest never pays for the wait with a failed attempt.
+#[tokio::test(flavor = "current_thread")]
+async fn a_run_waits_for_a_free_pool_slot() -> anyhow::Result<()> {
+    let Some((sb, held)) = one_slot_held_for(Duration::from_millis(200)).await? else {
+        return Ok(());
+    };
     let out = run(&sb, NOOP, limits()).await?;
     assert_eq!(out, Outcome::Success(json!(null)), "waited for the slot");
     assert_eq!(held.await?.outcome, Outcome::Timeout);
@@ -391,22 +402,9 @@ async fn a_run_waits_for_a_free_pool_slot() -> anyhow::Result<()> {
 /// (`NoCapacity`, which the worker hands back to the queue uncounted), not blamed on the guest.
 #[tokio::test(flavor = "current_thread")]
 async fn a_pool_that_stays_full_is_no_capacity() -> anyhow::Result<()> {
-    let sb = Sandbox::new(SandboxConfig {
-        pooling: true,
-        max_concurrency: 1,
-        ..SandboxConfig::default()
-    })?;
-    if sb.allocator() != AllocatorKind::Pooling {
-        eprintln!("pooling unavailable on this host; skipping");
+    let Some((sb, held)) = one_slot_held_for(CAPACITY_WAIT * 3).await? else {
         return Ok(());
-    }
-    let sleeper = Arc::new(compile(&sb, SLEEP_AN_HOUR)?);
-    let held = {
-        let (sb, sleeper) = (sb.clone(), Arc::clone(&sleeper));
-        let limits = Limits { timeout: CAPACITY_WAIT * 3, ..limits() };
-        tokio::spawn(async move { sb.run(&sleeper, &input(json!(null)), &limits).await })
     };
-    tokio::task::yield_now().await;
     let out = run(&sb, NOOP, limits()).await?;
     assert!(matches!(out, Outcome::NoCapacity(_)), "{out:?}");
     assert_eq!(out.failure_kind(), Some(FailureKind::RunnerError), "if it were ever recorded");

@@ -64,7 +64,7 @@ pub fn modules() -> Vec<(&'static str, &'static str, ModuleSettings)> {
     ]
 }
 
-fn tasks() -> Vec<NewTask> {
+pub fn tasks() -> Vec<NewTask> {
     vec![
         NewTask::new(
             "wordcount",

@@ -44,6 +44,10 @@ pub struct DevArgs {
     /// Where the built example modules are (see scripts/build-modules.sh).
     #[arg(long, default_value_os_t = default_modules_dir())]
     pub modules_dir: PathBuf,
+    /// Also enqueue the demo's tasks for tenant `dev` (one that retries, one that runs away,
+    /// some that end in the dead-letter table), to watch in the dashboard.
+    #[arg(long)]
+    pub demo: bool,
     #[command(flatten)]
     pub worker: WorkerArgs,
     #[command(flatten)]
@@ -97,6 +101,15 @@ async fn serve_dev(
         registered.push(task_type);
     }
 
+    let demo_tasks = if args.demo {
+        let work: Vec<queue::NewTask> =
+            demo::tasks().into_iter().map(|t| t.tenant(DEV_TENANT)).collect();
+        queue::enqueue_many(&pool, &work).await.context("enqueueing the demo's tasks")?;
+        work.len()
+    } else {
+        0
+    };
+
     let addr = runner.admin_addr().context("the admin API has no address")?;
     println!("sweep dev is up (Ctrl-C stops it)");
     println!("  dashboard  http://{addr}/ui");
@@ -127,6 +140,9 @@ async fn serve_dev(
             "  (not built: {}; run scripts/build-modules.sh and restart)",
             missing.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
         );
+    }
+    if demo_tasks > 0 {
+        println!("  demo       {demo_tasks} tasks enqueued: watch them run, retry and die on the dashboard");
     }
     println!("try:");
     println!("  export SWEEP_URL=http://{addr} SWEEP_TOKEN={token}");

@@ -16,14 +16,6 @@ use crate::queue::{self, TaskFilter, TaskId, TaskState};
 
 /// Rows per page of the task list.
 pub const PAGE: i64 = 50;
-const STATES: [TaskState; 6] = [
-    TaskState::Pending,
-    TaskState::Running,
-    TaskState::Retrying,
-    TaskState::Succeeded,
-    TaskState::Cancelled,
-    TaskState::Dead,
-];
 
 fn bad(name: &str, message: String) -> ApiError {
     ApiError::bad_request("invalid_parameter", format!("parameter `{name}`: {message}"))
@@ -98,7 +90,7 @@ pub async fn list(state: AdminState, s: Session, q: Pairs) -> Page {
             label { "state"
                 select name="state" {
                     option value="" { "any" }
-                    @for st in STATES {
+                    @for st in TaskState::ALL {
                         option value=(st.as_str()) selected[task_state == Some(st)] { (st.as_str()) }
                     }
                 }
