@@ -13,10 +13,7 @@ use std::path::PathBuf;
 use serde_json::json;
 use sqlx::PgPool;
 use sweep::queue::{self, NewTask, Role, Store};
-use sweep_dev::fixtures;
-
-/// Server used when `DATABASE_URL` is unset (the same default as `scripts/test.sh`).
-pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+use sweep_dev::{db::database_url, fixtures};
 
 /// Database the queue benches own; dropped and recreated freely.
 pub const BENCH_DATABASE: &str = "sweep_bench";
@@ -29,29 +26,6 @@ pub const RETAINED_TASK_TYPE: &str = "retained";
 
 /// Tasks per `enqueue_many` call when filling the table.
 const FILL_CHUNK: usize = 50_000;
-
-/// `DATABASE_URL` (or the default), with its database name replaced by `database`.
-pub fn database_url(database: &str) -> String {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
-    with_database(&url, database)
-}
-
-fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    // The path starts at the first '/' after "scheme://authority".
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let server = match base[authority_start..].find('/') {
-        Some(slash) => &base[..authority_start + slash],
-        None => base,
-    };
-    match query {
-        Some(q) => format!("{server}/{database}?{q}"),
-        None => format!("{server}/{database}"),
-    }
-}
 
 /// A multi-threaded runtime like the runner's (one worker per core).
 pub fn runtime() -> tokio::runtime::Runtime {
@@ -128,19 +102,4 @@ pub fn noop_wasm() -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| {
         panic!("cannot read {} ({e}); run scripts/build-modules.sh noop first", path.display())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::with_database;
-
-    #[test]
-    fn replaces_the_database_name() {
-        assert_eq!(with_database("postgres://u@h:5432/test", "b"), "postgres://u@h:5432/b");
-        assert_eq!(
-            with_database("postgres://u@h/test?sslmode=disable", "b"),
-            "postgres://u@h/b?sslmode=disable"
-        );
-        assert_eq!(with_database("postgres://u@h", "b"), "postgres://u@h/b");
-    }
 }

@@ -4,7 +4,7 @@
 //! `#[sqlx::test(migrations = false)]` and [`crate::migrated`].
 #![allow(clippy::unwrap_used)]
 
-use std::time::Duration;
+use std::{sync::OnceLock, time::Duration};
 
 use serde_json::json;
 use sqlx::PgPool;
@@ -50,7 +50,7 @@ pub async fn state(pool: &PgPool, id: TaskId) -> TaskState {
 use sweep::{
     config::WorkerConfig,
     queue::{ModuleSettings, RetryPolicy},
-    sandbox::{sha256_hex, Limits, SandboxConfig},
+    sandbox::{sha256_hex, Limits, Sandbox, SandboxConfig},
     worker::{Worker, WorkerSummary},
 };
 use tokio::{sync::oneshot, task::JoinHandle};
@@ -105,6 +105,22 @@ pub fn unpooled_config(concurrency: usize) -> WorkerConfig {
         sandbox: SandboxConfig { max_concurrency, pooling: false, ..test_config().sandbox },
         ..test_config()
     }
+}
+
+/// A sandbox with default settings on the pooling (`true`) or on-demand allocator, built once
+/// per test binary: each one reserves its instance pool.
+pub fn shared_sandbox(pooling: bool) -> &'static Sandbox {
+    static POOLED: OnceLock<Sandbox> = OnceLock::new();
+    static ON_DEMAND: OnceLock<Sandbox> = OnceLock::new();
+    let cell = if pooling { &POOLED } else { &ON_DEMAND };
+    cell.get_or_init(|| {
+        Sandbox::new(SandboxConfig { pooling, ..SandboxConfig::default() }).expect("sandbox builds")
+    })
+}
+
+/// Both shared sandboxes, for tests that must hold under either allocator.
+pub fn both_allocators() -> [&'static Sandbox; 2] {
+    [shared_sandbox(true), shared_sandbox(false)]
 }
 
 /// A runner running in this process until [`RunningWorker::stop`].

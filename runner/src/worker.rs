@@ -10,9 +10,10 @@
 //!
 //! Spare slots: while every slot is busy, a lane woken by an enqueue claims in
 //! [`ClaimMode::Starved`] into the spare slots (instances beyond `concurrency`): one task each
-//! for queues with nothing running anywhere or whose tenant holds less than its share. A newly due tenant or task type so starts within
-//! one wake-up even when long tasks hold every slot; its guest shares the cores with the others
-//! at their epoch yields, and freed slots then go to it by fair share.
+//! for queues with nothing running anywhere or whose tenant holds less than its share. A newly
+//! due tenant or task type so starts within one wake-up even when long tasks hold every slot;
+//! its guest shares the cores with the others at their epoch yields, and freed slots then go to
+//! it by fair share.
 //!
 //! Invariants:
 //! - a slot (semaphore permit) is held from claim until the outcome is queued for reporting,

@@ -4,18 +4,13 @@
 
 mod common;
 
+use sweep_dev::db::database_url;
+
 use sqlx::{
     migrate::MigrateDatabase,
     postgres::{PgConnectOptions, PgPoolOptions},
     Postgres,
 };
-
-/// The URL of the test database `options` names, on the server `DATABASE_URL` names.
-fn url_of(options: &PgConnectOptions) -> String {
-    let server = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let base = &server[..server.rfind('/').expect("a database url")];
-    format!("{base}/{}", options.get_database().expect("a database name"))
-}
 
 async fn sweep(args: &[&str]) -> std::process::Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_sweep"))
@@ -31,7 +26,7 @@ async fn run_refuses_an_unmigrated_database_and_names_the_command(
     _: PgPoolOptions,
     options: PgConnectOptions,
 ) {
-    let url = url_of(&options);
+    let url = database_url(options.get_database().expect("a database name"));
     let out = sweep(&["run", "--no-admin", "--database-url", &url]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "sweep run started on an empty database");
@@ -45,9 +40,7 @@ async fn run_refuses_an_unmigrated_database_and_names_the_command(
 
 #[tokio::test]
 async fn a_mistyped_database_url_creates_nothing() {
-    let server = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let base = &server[..server.rfind('/').expect("a database url")];
-    let url = format!("{base}/sweep_mistyped_{}", std::process::id());
+    let url = database_url(&format!("sweep_mistyped_{}", std::process::id()));
     let out = sweep(&["tenant", "list", "--database-url", &url]).await;
     assert!(!out.status.success(), "tenant list succeeded against a missing database");
     assert!(!Postgres::database_exists(&url).await.expect("asking the server"), "created {url}");

@@ -3,7 +3,7 @@
 //! under both the pooling and the on-demand allocator. Validation and the module cache are in
 //! `sandbox_modules.rs`.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -14,18 +14,7 @@ use sweep::sandbox::{
 
 const WASI: &str = "wasi_snapshot_preview1";
 
-fn sandbox(pooling: bool) -> &'static Sandbox {
-    static POOLED: OnceLock<Sandbox> = OnceLock::new();
-    static ON_DEMAND: OnceLock<Sandbox> = OnceLock::new();
-    let cell = if pooling { &POOLED } else { &ON_DEMAND };
-    cell.get_or_init(|| {
-        Sandbox::new(SandboxConfig { pooling, ..SandboxConfig::default() }).expect("sandbox builds")
-    })
-}
-
-fn both() -> [&'static Sandbox; 2] {
-    [sandbox(true), sandbox(false)]
-}
+use sweep_dev::testing::{both_allocators as both, shared_sandbox as sandbox};
 
 fn compile(sandbox: &Sandbox, wat: &str) -> anyhow::Result<CompiledModule> {
     Ok(sandbox.compile(&wat::parse_str(wat)?)?)

@@ -7,29 +7,15 @@
 
 mod common;
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sweep::sandbox::{
-    CompiledModule, Execution, Limits, Outcome, Sandbox, SandboxConfig, TaskInput,
-};
+use sweep::sandbox::{CompiledModule, Execution, Limits, Outcome, Sandbox, TaskInput};
 
 const C_WORDCOUNT: &str = "c-wordcount";
 const ZIG_CHECKSUM: &str = "zig-checksum";
 
-fn sandbox(pooling: bool) -> &'static Sandbox {
-    static POOLED: OnceLock<Sandbox> = OnceLock::new();
-    static ON_DEMAND: OnceLock<Sandbox> = OnceLock::new();
-    let cell = if pooling { &POOLED } else { &ON_DEMAND };
-    cell.get_or_init(|| {
-        Sandbox::new(SandboxConfig { pooling, ..SandboxConfig::default() }).expect("sandbox builds")
-    })
-}
-
-fn both() -> [&'static Sandbox; 2] {
-    [sandbox(true), sandbox(false)]
-}
+use sweep_dev::testing::{both_allocators as both, shared_sandbox as sandbox};
 
 fn limits() -> Limits {
     Limits {

@@ -81,8 +81,7 @@ async fn a_runner_killed_mid_task_has_its_task_finished_by_another(
     // A real `sweep run` process takes the task and hangs in it.
     let name: String =
         sqlx::query_scalar("select current_database()").fetch_one(&pool).await.unwrap();
-    let server = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let url = format!("{}/{name}", &server[..server.rfind('/').expect("a database url")]);
+    let url = sweep_dev::db::database_url(&name);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sweep"))
         .args([
             "run",

@@ -15,7 +15,7 @@ use std::{collections::HashMap, path::Path, time::Duration};
 
 use anyhow::{bail, Context};
 use serde_json::json;
-use sqlx::{migrate::MigrateDatabase, PgPool, Postgres};
+use sqlx::PgPool;
 use sweep::{
     admin::{self, AdminConfig, AdminState},
     config::WorkerConfig,
@@ -27,6 +27,7 @@ use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
 
 use sweep::args::WorkerArgs;
 
+use super::fresh_database;
 use crate::fixtures;
 
 #[derive(Debug, clap::Args)]
@@ -431,14 +432,6 @@ impl Running {
         self.handle.await??;
         Ok(())
     }
-}
-
-async fn fresh_database(url: &str) -> anyhow::Result<Store> {
-    if Postgres::database_exists(url).await.context("reaching Postgres")? {
-        Postgres::drop_database(url).await.context("dropping the previous bench database")?;
-    }
-    queue::migrate(url).await.context("creating the bench database")?;
-    Ok(Store::open(url, Role::Runner, 16).await.context("opening the bench database")?)
 }
 
 fn read_module(dir: &Path, name: &str) -> anyhow::Result<Vec<u8>> {

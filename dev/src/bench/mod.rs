@@ -105,11 +105,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         }
         mode => mode,
     };
-    if Postgres::database_exists(url).await.context("reaching Postgres")? {
-        Postgres::drop_database(url).await.context("dropping the previous bench database")?;
-    }
-    queue::migrate(url).await.context("creating the bench database")?;
-    let store = Store::open(url, Role::Runner, 16).await.context("opening the bench database")?;
+    let store = fresh_database(url).await?;
     let pool = store.pool();
     let noop = match args.guest {
         Guest::Rust => std::fs::read(args.modules_dir.join("noop.wasm"))
@@ -132,6 +128,16 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchMode::Latency { tasks, rate, worker } => latency(&store, tasks, rate, &worker).await,
         BenchMode::Fairness(fair) => fairness::fairness(url, &args.modules_dir, &fair).await,
     }
+}
+
+/// The bench database at `url`, dropped if it exists, created, migrated and opened as a
+/// runner's store.
+async fn fresh_database(url: &str) -> anyhow::Result<Store> {
+    if Postgres::database_exists(url).await.context("reaching Postgres")? {
+        Postgres::drop_database(url).await.context("dropping the previous bench database")?;
+    }
+    queue::migrate(url).await.context("creating the bench database")?;
+    Ok(Store::open(url, Role::Runner, 16).await.context("opening the bench database")?)
 }
 
 async fn throughput(

@@ -11,11 +11,7 @@ use serde_json::Value;
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
-use super::{ActiveModule, ClaimedTask, ModuleSettings, QueueError, TaskId};
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
+use super::{sql_count, sql_millis, ActiveModule, ClaimedTask, ModuleSettings, QueueError, TaskId};
 
 /// Which slots a claim fills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,9 +63,9 @@ pub async fn claim<'c, E: PgExecutor<'c>>(
     let ring_start: i32 = rand::random_range(0..i32::MAX);
     let rows: Vec<ClaimRow> = sqlx::query_as(CLAIM)
         .bind(runner)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(sql_count(limit))
         .bind(task_types)
-        .bind(millis(lease))
+        .bind(sql_millis(lease))
         .bind(mode == ClaimMode::Starved)
         .bind(ring_start)
         .fetch_all(executor)
@@ -138,7 +134,7 @@ pub async fn heartbeat_leases<'c, E: PgExecutor<'c>>(
     lease: Duration,
 ) -> Result<u64, QueueError> {
     let (extended,): (i64,) =
-        sqlx::query_as(HEARTBEAT).bind(runner).bind(millis(lease)).fetch_one(executor).await?;
+        sqlx::query_as(HEARTBEAT).bind(runner).bind(sql_millis(lease)).fetch_one(executor).await?;
     Ok(u64::try_from(extended).unwrap_or(0))
 }
 

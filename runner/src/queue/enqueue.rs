@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::{Acquire, Postgres};
+use sqlx::{postgres::PgArguments, query::QueryAs, Acquire, Postgres};
 
 use super::{
     sql_millis, types::Schedule, InvalidTask, NewTask, QueueError, TaskId, DEFAULT_MAX_ATTEMPTS,
@@ -84,6 +84,23 @@ struct Columns {
     dedup_keys: Vec<Option<String>>,
 }
 
+impl Columns {
+    /// Binds `$1` to `$7`, the columns both insert statements take in this order.
+    fn bind<'q, O>(
+        &'q self,
+        query: QueryAs<'q, Postgres, O, PgArguments>,
+    ) -> QueryAs<'q, Postgres, O, PgArguments> {
+        query
+            .bind(&self.tenants)
+            .bind(&self.task_types)
+            .bind(&self.payloads)
+            .bind(&self.priorities)
+            .bind(&self.run_ats)
+            .bind(&self.delays_ms)
+            .bind(&self.max_attempts)
+    }
+}
+
 impl From<&[NewTask]> for Columns {
     fn from(tasks: &[NewTask]) -> Self {
         let n = tasks.len();
@@ -140,17 +157,9 @@ async fn insert_plain(
     conn: &mut sqlx::PgConnection,
     c: &Columns,
 ) -> Result<Vec<Enqueued>, QueueError> {
-    let mut ids: Vec<TaskId> = sqlx::query_scalar(INSERT_PLAIN)
-        .bind(&c.tenants)
-        .bind(&c.task_types)
-        .bind(&c.payloads)
-        .bind(&c.priorities)
-        .bind(&c.run_ats)
-        .bind(&c.delays_ms)
-        .bind(&c.max_attempts)
-        .bind(DEFAULT_MAX_ATTEMPTS)
-        .fetch_all(conn)
-        .await?;
+    let rows: Vec<(TaskId,)> =
+        c.bind(sqlx::query_as(INSERT_PLAIN)).bind(DEFAULT_MAX_ATTEMPTS).fetch_all(conn).await?;
+    let mut ids: Vec<TaskId> = rows.into_iter().map(|(id,)| id).collect();
     if ids.len() != c.tenants.len() {
         return Err(QueueError::Corrupt(format!(
             "inserted {} of {} tasks",
@@ -169,14 +178,8 @@ async fn insert(
     // Ids are drawn up front so each input row can be matched to its inserted row; rows
     // skipped by ON CONFLICT find their task among this statement's inserts (same key twice
     // in one batch) or among live tasks.
-    let rows: Vec<(Option<i64>, bool)> = sqlx::query_as(INSERT_DEDUP)
-        .bind(&c.tenants)
-        .bind(&c.task_types)
-        .bind(&c.payloads)
-        .bind(&c.priorities)
-        .bind(&c.run_ats)
-        .bind(&c.delays_ms)
-        .bind(&c.max_attempts)
+    let rows: Vec<(Option<i64>, bool)> = c
+        .bind(sqlx::query_as(INSERT_DEDUP))
         .bind(&c.dedup_keys)
         .bind(DEFAULT_MAX_ATTEMPTS)
         .fetch_all(conn)

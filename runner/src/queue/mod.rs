@@ -104,8 +104,7 @@ pub use stats::{queue_stats, TypeStats};
 pub use store::{check_schema, migrate, migrate_with, Migrated, Role, Store, StoreError, SCHEMA};
 pub use tenants::{
     change_tenant_caps, create_tenant, get_tenant, list_tenants, missing_modules, set_tenant_caps,
-    set_tenant_token, set_tenant_weight, tenant_by_token, CapsChange, Tenant, TenantCaps,
-    TenantError, MAX_WEIGHT,
+    set_tenant_token, set_tenant_weight, CapsChange, Tenant, TenantCaps, TenantError, MAX_WEIGHT,
 };
 pub use tokens::{add_read_only_token, token_tenant, TokenTenant};
 pub use types::{

@@ -246,14 +246,6 @@ pub async fn set_tenant_token<'c, E: PgExecutor<'c>>(
     row.ok_or_else(|| TenantError::NotFound(name.to_owned()))
 }
 
-/// The tenant whose token hashes to `token_sha256`, if any.
-pub async fn tenant_by_token<'c, E: PgExecutor<'c>>(
-    executor: E,
-    token_sha256: &str,
-) -> Result<Option<Tenant>, QueueError> {
-    Ok(sqlx::query_as(BY_TOKEN).bind(token_sha256).fetch_optional(executor).await?)
-}
-
 pub async fn get_tenant<'c, E: PgExecutor<'c>>(
     executor: E,
     name: &str,
@@ -309,12 +301,6 @@ const SET_WEIGHT: &str = r#"
     select * from changed
     "#;
 
-const BY_TOKEN: &str = r#"
-    select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
-           max_running, created_at
-    from sweep.tenants where token_sha256 = $1
-    "#;
-
 const GET_TENANT: &str = r#"
     select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
            max_running, created_at
@@ -362,7 +348,6 @@ pub(super) const STATEMENTS: &[(&str, &str)] = statements![
     SET_TOKEN,
     SET_CAPS,
     SET_WEIGHT,
-    BY_TOKEN,
     GET_TENANT,
     LIST_TENANTS,
     MISSING_MODULES

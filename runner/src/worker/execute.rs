@@ -93,7 +93,6 @@ fn overrides(s: &ModuleSettings) -> LimitOverrides {
     }
 }
 
-/// The module's backoff settings over the runner default.
 fn not_run(outcome: Outcome) -> Execution {
     Execution {
         outcome,

@@ -1,10 +1,11 @@
 //! The reporter: turns executions into completions and failed attempts and writes them back
 //! in batches, while the claim loop already runs the next tasks (pipelining).
 //!
-//! Invariant: a task the sandbox found no instance slot for is handed back uncounted, never
-//! charged a failed attempt. A report whose lease was lost is dropped with a warning (another attempt owns
-//! the task now); a report that cannot be written after a few tries is dropped too: the lease
-//! then expires and the reaper counts the attempt as failed, so at-least-once still holds.
+//! Invariants: a task the sandbox found no instance slot for is handed back uncounted, never
+//! charged a failed attempt. A report whose lease was lost is dropped with a warning (another
+//! attempt owns the task now); a report that cannot be written after a few tries is dropped
+//! too: the lease then expires and the reaper counts the attempt as failed, so at-least-once
+//! still holds.
 
 use std::{sync::Arc, time::Duration};
 
