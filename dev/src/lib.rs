@@ -5,6 +5,7 @@
 //! - [`db`]: a migrated database with a store per role, built exactly as production does;
 //! - [`modules`]: the Wasm modules `scripts/build-modules.sh` builds, and a minimal module;
 //! - [`testing`]: test settings, a runner in-process, waiting for a task's state;
+//! - [`pg`]: a Postgres server of a test's own, to stop and restart;
 //! - [`fixtures`]: statements only benches and tests run (history filling, counts, resets);
 //! - [`bench`]: the end-to-end benchmarks behind `sweep-bench`.
 
@@ -12,6 +13,7 @@ pub mod bench;
 pub mod db;
 pub mod fixtures;
 pub mod modules;
+pub mod pg;
 pub mod testing;
 
 pub use db::{migrated, Stores};

@@ -66,6 +66,17 @@ pub struct WorkerArgs {
     /// past the index entries of tasks that already ran.
     #[arg(long, env = "SWEEP_VACUUM_MS", default_value_t = crate::config::DEFAULT_VACUUM_INTERVAL.as_millis() as u64)]
     pub vacuum_ms: u64,
+    /// How often the reaper looks for expired leases, in milliseconds.
+    #[arg(long, env = "SWEEP_REAPER_MS", default_value_t = crate::config::DEFAULT_REAPER_INTERVAL.as_millis() as u64)]
+    pub reaper_ms: u64,
+    /// Seconds finished reports wait for an unreachable Postgres before they are given up
+    /// (their tasks then run again): a task that finishes during a shorter outage is recorded
+    /// as finished.
+    #[arg(long, env = "SWEEP_REPORT_HOLD_SECS", default_value_t = crate::config::DEFAULT_REPORT_HOLD.as_secs())]
+    pub report_hold_secs: u64,
+    /// Most MiB of reports kept while Postgres is unreachable (the oldest are given up first).
+    #[arg(long, env = "SWEEP_REPORT_BUFFER_MB", default_value_t = crate::config::DEFAULT_REPORT_BUFFER_BYTES >> 20)]
+    pub report_buffer_mb: usize,
 }
 
 impl WorkerArgs {
@@ -91,6 +102,8 @@ impl WorkerArgs {
             poll_interval: Duration::from_millis(self.poll_ms),
             grace_period: Duration::from_secs(self.grace_secs),
             task_types: self.task_types.clone(),
+            report_hold: Duration::from_secs(self.report_hold_secs),
+            report_buffer_bytes: self.report_buffer_mb.saturating_mul(1 << 20),
             sandbox: SandboxConfig {
                 pooling: !self.no_pooling,
                 max_concurrency: u32::try_from(self.concurrency.saturating_add(self.spare_slots))
@@ -102,6 +115,7 @@ impl WorkerArgs {
             maintenance: MaintenanceConfig {
                 vacuum_interval: (self.vacuum_ms > 0)
                     .then(|| Duration::from_millis(self.vacuum_ms)),
+                reaper_interval: Duration::from_millis(self.reaper_ms),
                 ..MaintenanceConfig::default()
             },
             ..WorkerConfig::default()

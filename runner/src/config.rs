@@ -27,6 +27,11 @@ pub const DEFAULT_HINT_REPAIR_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEFAULT_RUNNER_EXPIRY: Duration = Duration::from_secs(3600);
 /// Most reports written in one completion statement.
 pub const DEFAULT_REPORT_BATCH: usize = 500;
+/// How long finished reports wait for an unreachable Postgres before they are given up: a task
+/// that finishes during an outage shorter than this is recorded as finished, not run again.
+pub const DEFAULT_REPORT_HOLD: Duration = Duration::from_secs(300);
+/// Most bytes of reports (results, logs, error details) kept while Postgres is unreachable.
+pub const DEFAULT_REPORT_BUFFER_BYTES: usize = 64 << 20;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerConfig {
@@ -50,6 +55,11 @@ pub struct WorkerConfig {
     /// Backoff for task types whose module sets none.
     pub retry: RetryPolicy,
     pub report_batch: usize,
+    /// How long reports wait for an unreachable Postgres before they are given up (and their
+    /// leases let lapse, so the tasks run again).
+    pub report_hold: Duration,
+    /// Most bytes of reports kept while Postgres is unreachable; the oldest go first.
+    pub report_buffer_bytes: usize,
     pub maintenance: MaintenanceConfig,
     pub sandbox: SandboxConfig,
 }
@@ -93,6 +103,8 @@ impl Default for WorkerConfig {
             task_types: Vec::new(),
             retry: RetryPolicy::default(),
             report_batch: DEFAULT_REPORT_BATCH,
+            report_hold: DEFAULT_REPORT_HOLD,
+            report_buffer_bytes: DEFAULT_REPORT_BUFFER_BYTES,
             maintenance: MaintenanceConfig::default(),
             sandbox: SandboxConfig {
                 max_concurrency: (DEFAULT_CONCURRENCY + DEFAULT_SPARE_SLOTS) as u32,
@@ -132,6 +144,7 @@ impl WorkerConfig {
             ("batch_size", self.batch_size),
             ("claimers", self.claimers),
             ("report_batch", self.report_batch),
+            ("report_buffer_bytes", self.report_buffer_bytes),
             ("retention_batch", self.maintenance.retention_batch),
         ] {
             if value == 0 {
@@ -140,6 +153,7 @@ impl WorkerConfig {
         }
         for (name, value) in [
             ("poll_interval", self.poll_interval),
+            ("report_hold", self.report_hold),
             ("reaper_interval", self.maintenance.reaper_interval),
             ("retention_interval", self.maintenance.retention_interval),
             ("hint_repair_interval", self.maintenance.hint_repair_interval),

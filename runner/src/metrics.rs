@@ -36,6 +36,11 @@ pub const TASK_FUEL: &str = "sweep_task_fuel_used";
 pub const QUEUE_LAG: &str = "sweep_queue_lag_seconds";
 /// Counter: reports fenced out because the lease was lost.
 pub const LEASES_LOST: &str = "sweep_leases_lost_total";
+/// Counter: reports given up because Postgres stayed unreachable past `report_hold` or
+/// `report_buffer_bytes`; their leases lapse and the tasks run again.
+pub const REPORTS_ABANDONED: &str = "sweep_reports_abandoned_total";
+/// Gauge: reports waiting to be written (nonzero while Postgres cannot be reached).
+pub const REPORTS_PENDING: &str = "sweep_reports_pending";
 /// Gauge, labels [`LABEL_TENANT`], [`LABEL_TASK_TYPE`], [`LABEL_STATE`]: tasks by state, set
 /// from the queue's statistics each time `/metrics` is scraped.
 pub const TASKS: &str = "sweep_tasks";
@@ -116,6 +121,12 @@ fn describe() {
     describe_counter!(TASKS_CLAIMED, Unit::Count, "Tasks claimed by this runner.");
     describe_counter!(TASK_OUTCOMES, Unit::Count, "Finished attempts, by outcome kind.");
     describe_counter!(LEASES_LOST, Unit::Count, "Reports fenced out because the lease was lost.");
+    describe_counter!(
+        REPORTS_ABANDONED,
+        Unit::Count,
+        "Reports given up after Postgres stayed unreachable past the report bounds."
+    );
+    describe_gauge!(REPORTS_PENDING, Unit::Count, "Reports waiting for Postgres to answer.");
     describe_histogram!(TASK_DURATION, Unit::Seconds, "Wall-clock time of one task execution.");
     describe_histogram!(TASK_FUEL, Unit::Count, "Fuel one task execution used.");
     describe_histogram!(QUEUE_LAG, Unit::Seconds, "Time from a task becoming due to its start.");

@@ -5,8 +5,9 @@
 //! on the guest runtime ([`Guests`]), apart from the runtime of the lanes, heartbeats, reporter
 //! and admin API. Each hands its outcome to the reporter, which writes completions and failures
 //! back in batches while the lanes already claim the next batch.
-//! Heartbeats renew every lease this runner holds; maintenance runs the reaper, retention,
-//! runner pruning and the repair of queue hints.
+//! Heartbeats renew the leases of the tasks this runner executes or still holds a report for
+//! (`liveness`); maintenance runs the reaper, retention, runner pruning and the repair of
+//! queue hints.
 //!
 //! Spare slots: while every slot is busy, a lane woken by an enqueue claims in
 //! [`ClaimMode::Starved`] into the spare slots (instances beyond `concurrency`): one task each
@@ -22,10 +23,13 @@
 //! - every task this runner claimed ends in exactly one report: a completion, a failure, or
 //!   (on shutdown past the grace period) a release that hands it back uncounted; no task is
 //!   left `running` after `run` returns, except when the database is unreachable, in which case
-//!   the lease expires and the reaper of another runner takes over.
+//!   the lease expires and the reaper of another runner takes over;
+//! - a lease is renewed only while this runner holds it (from the claim until its report is
+//!   written or given up): a report that is never written lets its lease lapse.
 
 mod execute;
 mod guests;
+mod liveness;
 mod maintenance;
 mod report;
 
@@ -45,6 +49,7 @@ use tokio::{
 };
 use uuid::Uuid;
 
+use self::liveness::{HeldLeases, Hold, Reachability};
 use crate::{
     config::WorkerConfig,
     queue::{self, ClaimMode, ClaimedTask, QueueError, Role, Store, TaskId, Wakeups},
@@ -101,6 +106,7 @@ struct Lane {
     claim_done: Arc<tokio::sync::Notify>,
     reports: mpsc::UnboundedSender<Report>,
     in_flight: InFlight,
+    leases: Arc<HeldLeases>,
     wakeups: Arc<Wakeups>,
     stop: watch::Receiver<bool>,
 }
@@ -143,29 +149,40 @@ impl Worker {
         self,
         shutdown: impl Future<Output = ()>,
     ) -> Result<WorkerSummary, WorkerError> {
-        let host = gethostname::gethostname().to_string_lossy().into_owned();
-        queue::register_runner(&self.pool, self.id, &host, std::process::id()).await?;
-        let wakeups = Wakeups::listen(&self.pool).await?;
+        tokio::pin!(shutdown);
+        let wakeups = tokio::select! {
+            started = self.start_up() => started?,
+            () = &mut shutdown => return Ok(WorkerSummary::default()),
+        };
         tracing::info!(runner = %self.id, allocator = ?self.sandbox.allocator(), "runner started");
 
         let (stop_tx, stop_rx) = watch::channel(false);
         let (report_tx, report_rx) = mpsc::unbounded_channel();
+        let leases = Arc::new(HeldLeases::default());
+        let reach = Arc::new(Reachability::new());
         let reporter = tokio::spawn(report::run(
-            self.pool.clone(),
-            self.id,
-            Arc::clone(&self.config),
+            report::Reporter {
+                pool: self.pool.clone(),
+                runner: self.id,
+                config: Arc::clone(&self.config),
+                leases: Arc::clone(&leases),
+                reach: Arc::clone(&reach),
+            },
             report_rx,
         ));
         let heartbeat = tokio::spawn(maintenance::heartbeat(
             self.pool.clone(),
             self.id,
             self.config.lease,
+            Arc::clone(&leases),
+            Arc::clone(&reach),
             stop_rx.clone(),
         ));
         let upkeep = tokio::spawn(maintenance::run(
             self.pool.clone(),
             self.id,
             Arc::clone(&self.config),
+            Arc::clone(&reach),
             stop_rx.clone(),
         ));
 
@@ -185,6 +202,7 @@ impl Worker {
                     claim_done: Arc::clone(&claim_done),
                     reports: report_tx.clone(),
                     in_flight: Arc::clone(&in_flight),
+                    leases: Arc::clone(&leases),
                     wakeups: Arc::clone(&wakeups),
                     stop: claim_stop_rx.clone(),
                 };
@@ -206,7 +224,7 @@ impl Worker {
         })
         .await;
         if drained.is_err() {
-            summary.released = self.hand_back(&in_flight).await;
+            summary.released = self.hand_back(&in_flight, &leases).await;
         }
         drop(report_tx);
         if let Err(e) = reporter.await {
@@ -214,9 +232,36 @@ impl Worker {
         }
         let _ = stop_tx.send(true);
         let _ = tokio::join!(heartbeat, upkeep);
-        queue::deregister_runner(&self.pool, self.id).await?;
+        if let Err(e) = queue::deregister_runner(&self.pool, self.id).await {
+            // Not fatal: the row stops heartbeating and is pruned.
+            tracing::warn!(error = %e, "could not deregister the runner");
+        }
         tracing::info!(runner = %self.id, claimed = summary.claimed, released = summary.released, "runner stopped");
         Ok(summary)
+    }
+
+    /// Registers the runner and starts listening, waiting for Postgres while it cannot be
+    /// reached (a runner started during an outage rides it out like a running one).
+    async fn start_up(&self) -> Result<Wakeups, QueueError> {
+        let host = gethostname::gethostname().to_string_lossy().into_owned();
+        let mut logged = false;
+        loop {
+            let started = async {
+                queue::register_runner(&self.pool, self.id, &host, std::process::id()).await?;
+                Wakeups::listen(&self.pool).await
+            };
+            match started.await {
+                Ok(wakeups) => return Ok(wakeups),
+                Err(e) if e.is_unreachable() => {
+                    if !logged {
+                        tracing::warn!(error = %e, "Postgres cannot be reached; waiting for it");
+                        logged = true;
+                    }
+                    tokio::time::sleep(self.config.poll_interval).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// One claim lane: waits for free slots, claims up to that many due tasks (at most a
@@ -309,7 +354,8 @@ impl Worker {
         let mut slots_for_tasks = split_permits(permits, claimed.len());
         for task in claimed {
             let Some(permit) = slots_for_tasks.pop() else { break };
-            self.spawn_task(task, permit, &lane.reports, &lane.in_flight);
+            let hold = Hold::new(&lane.leases, (task.id, task.attempt));
+            self.spawn_task(task, permit, hold, &lane.reports, &lane.in_flight);
         }
         Claimed::Tasks(count)
     }
@@ -318,6 +364,7 @@ impl Worker {
         &self,
         task: ClaimedTask,
         permit: OwnedSemaphorePermit,
+        hold: Hold,
         reports: &mpsc::UnboundedSender<Report>,
         in_flight: &InFlight,
     ) {
@@ -340,15 +387,18 @@ impl Worker {
             )
             .await;
             registry.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
-            // The reporter outlives every task (it stops only when all senders are gone).
-            let _ = reports.send(report);
+            // The reporter outlives every task (it stops only when all senders are gone), and
+            // lets the lease go once the report is written.
+            if reports.send(report).is_ok() {
+                hold.handed_over();
+            }
             drop(permit);
         });
         map.insert(id, (attempt, handle.abort_handle()));
     }
 
     /// Aborts whatever still runs after the grace period and hands it back to the queue.
-    async fn hand_back(&self, in_flight: &InFlight) -> u64 {
+    async fn hand_back(&self, in_flight: &InFlight, leases: &HeldLeases) -> u64 {
         let stuck: Vec<(TaskId, i32)> = {
             let mut map = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
             map.drain()
@@ -361,7 +411,9 @@ impl Worker {
         if stuck.is_empty() {
             return 0;
         }
-        match queue::release_batch(&self.pool, self.id, &stuck).await {
+        let released = queue::release_batch(&self.pool, self.id, &stuck).await;
+        leases.release(stuck);
+        match released {
             Ok(released) => {
                 tracing::warn!(
                     count = released.len(),

@@ -121,17 +121,28 @@ async fn eight_concurrent_claimers_drain_ten_thousand_tasks_exactly_once(
 }
 
 #[sqlx::test(migrations = false)]
-async fn heartbeat_extends_only_the_runners_own_leases(_: PgPoolOptions, db: PgConnectOptions) {
+async fn heartbeat_extends_only_the_leases_the_runner_names_and_owns(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
     let db = migrated(db).await;
     let pool = db.pool();
     let (a, b) = (new_runner(), new_runner());
     queue::register_runner(&pool, a, "host-a", 1).await.unwrap();
-    enqueue_n(&pool, "t", 4).await;
+    enqueue_n(&pool, "t", 5).await;
     let short = std::time::Duration::from_secs(5);
-    let mine = queue::claim_batch(&pool, a, 2, &[], short).await.unwrap();
+    let claimed = queue::claim_batch(&pool, a, 3, &[], short).await.unwrap();
     let theirs = queue::claim_batch(&pool, b, 2, &[], short).await.unwrap();
-    let extended =
-        queue::heartbeat_leases(&pool, a, std::time::Duration::from_secs(600)).await.unwrap();
+    // a still works on two of its tasks; it gave the third up (a report it could not write),
+    // so that lease must lapse. Naming b's tasks, or an attempt that is not the current one,
+    // renews nothing either.
+    let (mine, given_up) = claimed.split_at(2);
+    let mut named: Vec<_> = mine.iter().map(|c| (c.id, c.attempt)).collect();
+    named.extend(theirs.iter().map(|c| (c.id, c.attempt)));
+    named.push((given_up[0].id, given_up[0].attempt + 1));
+    let extended = queue::heartbeat_leases(&pool, a, std::time::Duration::from_secs(600), &named)
+        .await
+        .unwrap();
     assert_eq!(extended, 2);
     let expiry = |id| {
         let pool = pool.clone();
@@ -146,10 +157,10 @@ async fn heartbeat_extends_only_the_runners_own_leases(_: PgPoolOptions, db: PgC
         }
     };
     let far = chrono::Utc::now() + chrono::Duration::seconds(500);
-    for c in &mine {
+    for c in mine {
         assert!(expiry(c.id).await > far);
     }
-    for c in &theirs {
+    for c in theirs.iter().chain(given_up) {
         assert!(expiry(c.id).await < far);
     }
     let runners = queue::list_runners(&pool).await.unwrap();

@@ -26,10 +26,11 @@ async fn reaper_rescues_the_tasks_of_a_runner_that_stopped_heartbeating(
     // Both claim with leases that expire at once; only the live runner heartbeats.
     let orphans = queue::claim_batch(&pool, dead_runner, 2, &[], Duration::ZERO).await.unwrap();
     let kept = queue::claim_batch(&pool, live_runner, 2, &[], Duration::ZERO).await.unwrap();
-    queue::heartbeat_leases(&pool, live_runner, Duration::from_secs(600)).await.unwrap();
+    let held: Vec<_> = kept.iter().map(|c| (c.id, c.attempt)).collect();
+    queue::heartbeat_leases(&pool, live_runner, Duration::from_secs(600), &held).await.unwrap();
 
     let policy = RetryPolicy { jitter: 0.0, ..RetryPolicy::default() };
-    let report = queue::reap_expired(&pool, reaper, 100, policy).await.unwrap();
+    let report = queue::reap_expired(&pool, reaper, 100, policy, Duration::ZERO).await.unwrap();
     let rescued: HashSet<_> = report.retrying.iter().chain(&report.dead).copied().collect();
     assert_eq!(rescued, orphans.iter().map(|c| c.id).collect());
     assert!(report.lost.is_empty());
@@ -50,7 +51,11 @@ async fn reaper_rescues_the_tasks_of_a_runner_that_stopped_heartbeating(
             assert!(wait > chrono::Duration::seconds(100), "{wait}");
         }
     }
-    assert!(queue::reap_expired(&pool, reaper, 100, policy).await.unwrap().retrying.is_empty());
+    assert!(queue::reap_expired(&pool, reaper, 100, policy, Duration::ZERO)
+        .await
+        .unwrap()
+        .retrying
+        .is_empty());
 }
 
 #[sqlx::test(migrations = false)]
@@ -72,7 +77,9 @@ async fn a_rescued_task_backs_off_with_its_task_types_policy(
         let lost = queue::claim_batch(&pool, new_runner(), 1, &[], Duration::ZERO).await.unwrap();
         assert_eq!(lost.iter().map(|c| (c.id, c.attempt)).collect::<Vec<_>>(), [(id, attempt)]);
         let slow_default = RetryPolicy { jitter: 0.0, ..RetryPolicy::default() };
-        let report = queue::reap_expired(&pool, new_runner(), 10, slow_default).await.unwrap();
+        let report = queue::reap_expired(&pool, new_runner(), 10, slow_default, Duration::ZERO)
+            .await
+            .unwrap();
         assert_eq!(report.retrying, [id]);
         // Measured in the database's clock, right after the rescue.
         let (wait_ms,): (f64,) = sqlx::query_as(
@@ -106,7 +113,8 @@ async fn concurrent_reapers_rescue_each_task_once(_: PgPoolOptions, db: PgConnec
             let me = new_runner();
             let mut got = Vec::new();
             loop {
-                let r = queue::reap_expired(&pool, me, 7, INSTANT_RETRY).await.unwrap();
+                let r =
+                    queue::reap_expired(&pool, me, 7, INSTANT_RETRY, Duration::ZERO).await.unwrap();
                 assert!(r.lost.is_empty());
                 if r.retrying.is_empty() {
                     return got;
@@ -208,4 +216,29 @@ async fn stats_count_by_tenant_type_and_state(_: PgPoolOptions, db: PgConnectOpt
     let acme_only = queue::queue_stats(&pool, Some("acme")).await.unwrap();
     assert_eq!(acme_only.len(), 1);
     assert_eq!(acme_only[0].task_type, "b");
+}
+
+#[sqlx::test(migrations = false)]
+async fn nothing_is_rescued_until_the_server_has_been_up_long_enough(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    enqueue_n(&pool, "t", 1).await;
+    let orphan = queue::claim_batch(&pool, new_runner(), 1, &[], Duration::ZERO).await.unwrap();
+    // Longer than this server has been up: as if it had just restarted, when every lease looks
+    // expired although its runner may be about to renew it.
+    let uptime: f64 =
+        sqlx::query_scalar("select extract(epoch from now() - pg_postmaster_start_time())::float8")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let settle = Duration::from_secs_f64(uptime + 3600.0);
+    let early = queue::reap_expired(&pool, new_runner(), 10, INSTANT_RETRY, settle).await.unwrap();
+    assert!(early.retrying.is_empty() && early.dead.is_empty(), "{early:?}");
+    assert_eq!(state(&pool, orphan[0].id).await, TaskState::Running);
+    let later =
+        queue::reap_expired(&pool, new_runner(), 10, INSTANT_RETRY, Duration::ZERO).await.unwrap();
+    assert_eq!(later.retrying, vec![orphan[0].id]);
 }

@@ -143,7 +143,7 @@ async fn a_report_after_the_lease_was_lost_is_rejected(_: PgPoolOptions, db: PgC
     let mine = queue::claim_batch(&pool, a, 2, &[], Duration::ZERO).await.unwrap();
     // Runner a stops heartbeating; the reaper rescues both tasks and b runs the first again.
     let no_backoff = queue::RetryPolicy { jitter: 0.0, base: Duration::ZERO, cap: Duration::ZERO };
-    let rescued = queue::reap_expired(&pool, b, 10, no_backoff).await.unwrap();
+    let rescued = queue::reap_expired(&pool, b, 10, no_backoff, Duration::ZERO).await.unwrap();
     assert_eq!(rescued.retrying.len(), 2);
     let (c0, c1) = (&mine[0], &mine[1]);
     // Complete from the old lease: rejected, nothing overwritten.
@@ -263,7 +263,8 @@ async fn reports_that_wait_behind_a_heartbeat_still_apply(_: PgPoolOptions, db: 
     let claimed = claim(&pool, runner, 2).await;
     // A heartbeat renews both leases and holds the rows until it commits.
     let mut beat = pool.begin().await.unwrap();
-    assert_eq!(queue::heartbeat_leases(&mut *beat, runner, LEASE).await.unwrap(), 2);
+    let held: Vec<_> = claimed.iter().map(|c| (c.id, c.attempt)).collect();
+    assert_eq!(queue::heartbeat_leases(&mut *beat, runner, LEASE, &held).await.unwrap(), 2);
     // Both reports start now, so the renewed row versions are newer than their snapshots.
     let f = failure(&claimed[0], false, Duration::from_secs(60));
     let failing = tokio::spawn({

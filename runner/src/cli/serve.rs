@@ -1,14 +1,14 @@
 //! Server-side commands: `migrate` and `run`, and the [`Runner`] (a runner with its admin
 //! API) that `run` and `dev` serve. They talk to Postgres directly.
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context;
 use sqlx::PgPool;
 use sweep::{
     admin::{self, AdminState},
     config::WorkerConfig,
-    queue::{self, Role, Store},
+    queue::{self, Role, Store, StoreError},
     sandbox::Sandbox,
     worker::{self, Worker, WorkerSummary},
 };
@@ -59,6 +59,25 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Opens a store, waiting while the server cannot be reached: a runner (re)started during a
+/// Postgres outage comes up when the database does, as a running one rides the outage out.
+/// Any other failure (a bad URL, a refused login, a schema to migrate) is returned at once.
+async fn open_waiting(url: &str, role: Role, connections: u32) -> Result<Store, StoreError> {
+    let mut logged = false;
+    loop {
+        match Store::open(url, role, connections).await {
+            Err(e) if e.is_unreachable() => {
+                if !logged {
+                    tracing::warn!(error = %e, ?role, "Postgres cannot be reached; waiting for it");
+                    logged = true;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            opened => return opened,
+        }
+    }
+}
+
 /// Connections a runner's pool needs for `config`.
 pub fn pool_size(config: &WorkerConfig) -> u32 {
     u32::try_from(config.concurrency / 4 + config.claimers + 4).unwrap_or(32)
@@ -99,14 +118,14 @@ impl Runner {
         admin: Option<&AdminServerArgs>,
     ) -> anyhow::Result<Runner> {
         config.validate().context("invalid runner settings")?;
-        let store = Store::open(url, Role::Runner, pool_size(&config))
+        let store = open_waiting(url, Role::Runner, pool_size(&config))
             .await
             .context("opening the database")?;
         let worker = Worker::new(&store, config).context("starting the runner")?;
         let admin = match admin {
             None => None,
             Some(args) => {
-                let admin_store = Store::open(url, Role::Admin, ADMIN_CONNECTIONS)
+                let admin_store = open_waiting(url, Role::Admin, ADMIN_CONNECTIONS)
                     .await
                     .context("opening the database for the admin API")?;
                 // Built before the runner starts, so the metrics recorder sees every task.

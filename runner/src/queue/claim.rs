@@ -126,15 +126,28 @@ impl ClaimRow {
     }
 }
 
-/// Extends every lease `runner` holds to `now() + lease` and refreshes its `runners` row, in
-/// one statement. Returns how many task leases were extended.
+/// Extends the leases of `held` (task id and attempt) that `runner` still owns to `now() +
+/// lease` and refreshes its `runners` row, in one statement. Returns how many task leases were
+/// extended.
+///
+/// Only the tasks named are renewed, never every row the runner owns: a task whose report the
+/// runner gave up on must be let lapse so the reaper rescues it. A lease that expired but was
+/// not taken over yet (a Postgres outage longer than the lease) is renewed like any other: the
+/// runner is still working on it.
 pub async fn heartbeat_leases<'c, E: PgExecutor<'c>>(
     executor: E,
     runner: Uuid,
     lease: Duration,
+    held: &[(TaskId, i32)],
 ) -> Result<u64, QueueError> {
-    let (extended,): (i64,) =
-        sqlx::query_as(HEARTBEAT).bind(runner).bind(sql_millis(lease)).fetch_one(executor).await?;
+    let (ids, attempts): (Vec<TaskId>, Vec<i32>) = held.iter().copied().unzip();
+    let (extended,): (i64,) = sqlx::query_as(HEARTBEAT)
+        .bind(runner)
+        .bind(sql_millis(lease))
+        .bind(&ids)
+        .bind(&attempts)
+        .fetch_one(executor)
+        .await?;
     Ok(u64::try_from(extended).unwrap_or(0))
 }
 
@@ -167,11 +180,12 @@ const HEARTBEAT: &str = concat!(
         -- snapshot, and a TID scan would not find it.
         update sweep.tasks set lease_expires_at = now() + $2 * interval '1 millisecond'
         where id = any(array(
-            select id from sweep.tasks
-            where state = "#,
+            select t.id from sweep.tasks t
+            join unnest($3::int8[], $4::int4[]) as held(id, attempt) on held.id = t.id
+            where t.state = "#,
     state!(running),
-    r#" and lease_owner = $1
-            for update skip locked
+    r#" and t.lease_owner = $1 and t.attempts = held.attempt
+            for update of t skip locked
         ))
         returning id
     )

@@ -54,6 +54,33 @@ pub enum QueueError {
     Corrupt(String),
 }
 
+impl QueueError {
+    /// True when the database could not be reached (see [`is_unreachable`]), as opposed to a
+    /// statement it refused. Callers that retry until Postgres is back, or hold off after it
+    /// came back, look at this.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, QueueError::Database(e) if is_unreachable(e))
+    }
+}
+
+/// True when `e` says the database could not be reached: no connection, the connection broke,
+/// the server is shutting down or starting up.
+pub fn is_unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // Class 08: connection exception; 57P01-57P03: admin shutdown, crash shutdown, cannot
+        // connect now (starting up or shutting down).
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            c.starts_with("08") || matches!(c.as_ref(), "57P01" | "57P02" | "57P03")
+        }),
+        _ => false,
+    }
+}
+
 impl From<sqlx::Error> for QueueError {
     fn from(e: sqlx::Error) -> Self {
         QueueError::Database(e)

@@ -35,17 +35,23 @@ pub struct RescuedTask {
 /// Two steps, each fenced: the reaper first takes the expired lease over (so two reapers
 /// never rescue the same task, and a crash between the steps only leaves a lease that expires
 /// again), then fails the task through the ordinary [`fail_batch`] path.
+///
+/// Nothing is rescued until the server has been up for `settle`: right after a restart every
+/// lease looks expired, although the runners holding them are alive and about to renew them
+/// and write their reports (the caller also holds off after it regained the database itself,
+/// which covers outages without a restart; see `worker::liveness`).
 pub async fn reap_expired<'c, A>(
     conn: A,
     reaper: Uuid,
     limit: usize,
     default_policy: RetryPolicy,
+    settle: Duration,
 ) -> Result<FailureReport, QueueError>
 where
     A: Acquire<'c, Database = Postgres>,
 {
     let mut conn = conn.acquire().await?;
-    let rescued = take_over_expired(&mut *conn, reaper, limit).await?;
+    let rescued = take_over_expired(&mut *conn, reaper, limit, settle).await?;
     if rescued.is_empty() {
         return Ok(FailureReport::default());
     }
@@ -81,11 +87,13 @@ async fn take_over_expired<'c, E: PgExecutor<'c>>(
     executor: E,
     reaper: Uuid,
     limit: usize,
+    settle: Duration,
 ) -> Result<Vec<RescuedTask>, QueueError> {
     let rows: Vec<(TaskId, String, i32, Uuid, Option<i64>, Option<i64>)> =
         sqlx::query_as(TAKE_OVER_EXPIRED)
             .bind(reaper)
             .bind(sql_count(limit))
+            .bind(sql_millis(settle))
             .fetch_all(executor)
             .await?;
     Ok(rows
@@ -154,6 +162,8 @@ const TAKE_OVER_EXPIRED: &str = concat!(
         where state = "#,
     state!(running),
     r#" and lease_expires_at < now()
+          -- both sides of the comparison are the server's clock: runners' clocks never enter
+          and pg_postmaster_start_time() < now() - $3 * interval '1 millisecond'
         order by lease_expires_at
         limit $2
         for update skip locked

@@ -82,6 +82,13 @@ pub enum StoreError {
     Database(#[from] sqlx::Error),
 }
 
+impl StoreError {
+    /// True when the server could not be reached (rather than refusing us or our schema).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, StoreError::Connect(e) | StoreError::Database(e) if super::is_unreachable(e))
+    }
+}
+
 impl Store {
     /// Opens a pool of `max_connections` for `role` to the database at `url`, which must hold
     /// the schema this binary was built with.

@@ -1,7 +1,13 @@
-//! Background duties of every runner: heartbeats (leases + `runners` row), the reaper,
-//! vacuuming the live table, retention, pruning of silent runner rows and the repair of queue
-//! hints. Each stops when the stop flag turns true.
+//! Background duties of every runner: heartbeats (the leases it holds + its `runners` row),
+//! the reaper, vacuuming the live table, retention, pruning of silent runner rows and the
+//! repair of queue hints. Each stops when the stop flag turns true.
 //! All of it is safe to run on every runner at once (see `queue::maintenance`).
+//!
+//! Outages: a heartbeat that cannot reach Postgres tries again every [`HEARTBEAT_RETRY`], so
+//! leases are renewed right after the database answers again. The reaper holds off for one
+//! lease after its runner started or last failed to reach the database, and Postgres refuses
+//! rescues for one lease after the server started: after an outage every lease looks expired,
+//! and the runners holding them get that long to renew them and write their reports first.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -9,42 +15,65 @@ use sqlx::PgPool;
 use tokio::{sync::watch, time::MissedTickBehavior};
 use uuid::Uuid;
 
+use super::liveness::{HeldLeases, Reachability};
 use crate::{config::WorkerConfig, queue};
 
 /// Most expired leases rescued per statement.
 const REAP_BATCH: usize = 1000;
+/// How soon a heartbeat that failed is tried again.
+const HEARTBEAT_RETRY: Duration = Duration::from_millis(500);
 
 pub(super) async fn heartbeat(
     pool: PgPool,
     runner: Uuid,
     lease: Duration,
-    stop: watch::Receiver<bool>,
+    leases: Arc<HeldLeases>,
+    reach: Arc<Reachability>,
+    mut stop: watch::Receiver<bool>,
 ) {
-    every(lease / 3, stop, || async {
-        if let Err(e) = queue::heartbeat_leases(&pool, runner, lease).await {
-            tracing::warn!(error = %e, "heartbeat failed");
+    let period = lease / 3;
+    loop {
+        let wait = match queue::heartbeat_leases(&pool, runner, lease, &leases.snapshot()).await {
+            Ok(_) => period,
+            Err(e) => {
+                reach.note(&e);
+                tracing::warn!(error = %e, "heartbeat failed");
+                HEARTBEAT_RETRY.min(period)
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return,
         }
-    })
-    .await;
+    }
 }
 
 pub(super) async fn run(
     pool: PgPool,
     runner: Uuid,
     config: Arc<WorkerConfig>,
+    reach: Arc<Reachability>,
     stop: watch::Receiver<bool>,
 ) {
     let m = &config.maintenance;
     let reaper = every(m.reaper_interval, stop.clone(), || async {
+        if reach.steady_for() < config.lease {
+            // Just started or reconnected: leases that look expired may belong to runners that
+            // were cut off like this one and are about to renew them.
+            return;
+        }
         // Rescued tasks back off with their type's policy, over the runner's default.
-        match queue::reap_expired(&pool, runner, REAP_BATCH, config.retry).await {
+        match queue::reap_expired(&pool, runner, REAP_BATCH, config.retry, config.lease).await {
             Ok(r) if !(r.retrying.is_empty() && r.dead.is_empty()) => tracing::warn!(
                 retrying = r.retrying.len(),
                 dead = r.dead.len(),
                 "rescued tasks whose runner stopped heartbeating"
             ),
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "reaper failed"),
+            Err(e) => {
+                reach.note(&e);
+                tracing::warn!(error = %e, "reaper failed");
+            }
         }
     });
     let vacuum_stop = stop.clone();

@@ -1,26 +1,46 @@
 //! The reporter: turns executions into completions and failed attempts and writes them back
 //! in batches, while the claim loop already runs the next tasks (pipelining).
 //!
-//! Invariants: a task the sandbox found no instance slot for is handed back uncounted, never
-//! charged a failed attempt. A report whose lease was lost is dropped with a warning (another
-//! attempt owns the task now); a report that cannot be written after a few tries is dropped
-//! too: the lease then expires and the reaper counts the attempt as failed, so at-least-once
-//! still holds.
+//! When Postgres cannot be reached, the reports wait in memory and are retried with backoff
+//! until it answers again; meanwhile the heartbeat keeps renewing their leases (they stay
+//! held, see `liveness`), so a task that finished during an outage is recorded as finished
+//! afterwards, not rescued and run again. The wait is bounded: reports older than
+//! `report_hold`, or beyond `report_buffer_bytes` in all, are given up oldest first, with an
+//! error line and [`metrics::REPORTS_ABANDONED`]; their leases are let go, so they lapse and the
+//! reaper rescues the tasks (at-least-once still holds).
+//!
+//! Invariants:
+//! - writes happen in the order the reports arrived, one statement per group, and a group is
+//!   retried whole (each statement is atomic, so a failed one wrote nothing);
+//! - a task the sandbox found no instance slot for is handed back uncounted, never charged a
+//!   failed attempt;
+//! - a report whose lease was lost is dropped with a warning (another attempt owns the task);
+//! - on shutdown, pending reports get the grace period to be written, then are given up.
+//!
+//! [`metrics::REPORTS_ABANDONED`]: crate::metrics::REPORTS_ABANDONED
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::VecDeque,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use serde_json::json;
 use sqlx::PgPool;
-use tokio::sync::mpsc;
+use tokio::sync::mpsc::{self, error::TryRecvError};
 use uuid::Uuid;
 
+use super::liveness::{HeldLeases, Reachability};
 use crate::{
     config::WorkerConfig,
-    queue::{self, ClaimedTask, Completion, Failure, FailureKind, RetryPolicy},
+    queue::{self, ClaimedTask, Completion, Failure, FailureKind, QueueError, RetryPolicy, TaskId},
     sandbox::{Execution, Outcome},
 };
 
-const WRITE_TRIES: u32 = 3;
+/// First retry of a failed write; doubles up to [`RETRY_MAX`]. Short, so reports are written
+/// within about a second of Postgres answering again, well inside the reapers' hold-off.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// A finished execution of a claimed task, ready to be written back.
 #[derive(Debug)]
@@ -31,51 +51,248 @@ pub struct Report {
     pub retry: RetryPolicy,
 }
 
-pub(super) async fn run(
-    pool: PgPool,
-    runner: Uuid,
-    config: Arc<WorkerConfig>,
-    mut reports: mpsc::UnboundedReceiver<Report>,
-) {
-    let mut batch = Vec::with_capacity(config.report_batch);
-    while reports.recv_many(&mut batch, config.report_batch).await > 0 {
-        flush(&pool, runner, std::mem::take(&mut batch)).await;
+/// What the reporter shares with the rest of the runner.
+pub(super) struct Reporter {
+    pub(super) pool: PgPool,
+    pub(super) runner: Uuid,
+    pub(super) config: Arc<WorkerConfig>,
+    pub(super) leases: Arc<HeldLeases>,
+    pub(super) reach: Arc<Reachability>,
+}
+
+pub(super) async fn run(reporter: Reporter, mut reports: mpsc::UnboundedReceiver<Report>) {
+    let batch_size = reporter.config.report_batch;
+    let mut pending = Pending::default();
+    let mut retry = RETRY_FIRST;
+    let mut closed_at: Option<Instant> = None;
+    loop {
+        if pending.is_empty() {
+            let mut batch = Vec::with_capacity(batch_size);
+            if closed_at.is_some() || reports.recv_many(&mut batch, batch_size).await == 0 {
+                break;
+            }
+            pending.push(batch);
+        } else if closed_at.is_none() {
+            // What finished meanwhile joins the queue now, so the bounds see it.
+            let mut batch = Vec::new();
+            while batch.len() < batch_size {
+                match reports.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        closed_at = Some(Instant::now());
+                        break;
+                    }
+                }
+            }
+            pending.push(batch);
+        }
+        // A write waits for a connection while Postgres is away; it must not wait past the
+        // point where its reports are to be given up.
+        let config = &reporter.config;
+        let give_up_at = pending.give_up_at(config.report_hold);
+        let give_up_at =
+            closed_at.map_or(give_up_at, |at| give_up_at.min(at + config.grace_period));
+        let written =
+            tokio::time::timeout_at(give_up_at.into(), reporter.write(&mut pending)).await;
+        if let Ok(Ok(())) = written {
+            retry = RETRY_FIRST;
+        } else {
+            match written {
+                Ok(Err(e)) => {
+                    reporter.reach.note(&e);
+                    tracing::warn!(error = %e, pending = pending.reports(), "writing task reports failed; retrying");
+                }
+                _ => {
+                    reporter.reach.unreachable();
+                    tracing::warn!(pending = pending.reports(), "writing task reports timed out");
+                }
+            }
+            let shutting_down = closed_at.is_some_and(|at| at.elapsed() >= config.grace_period);
+            let given_up = if shutting_down {
+                std::mem::take(&mut pending.groups).into()
+            } else {
+                pending.over_bounds(config.report_hold, config.report_buffer_bytes)
+            };
+            reporter.abandon(given_up);
+            tokio::time::sleep(retry).await;
+            retry = (retry * 2).min(RETRY_MAX);
+        }
+        metrics::gauge!(crate::metrics::REPORTS_PENDING).set(pending.reports() as f64);
     }
 }
 
-async fn flush(pool: &PgPool, runner: Uuid, batch: Vec<Report>) {
-    let (unrun, batch): (Vec<Report>, Vec<Report>) =
-        batch.into_iter().partition(|r| matches!(r.execution.outcome, Outcome::NoCapacity(_)));
-    if !unrun.is_empty() {
+impl Reporter {
+    /// Writes the pending groups in order until one fails (it stays at the front).
+    async fn write(&self, pending: &mut Pending) -> Result<(), QueueError> {
+        let (pool, runner) = (&self.pool, self.runner);
+        while let Some(group) = pending.groups.front() {
+            match &group.writes {
+                Writes::Release(leases) => {
+                    let released = queue::release_batch(pool, runner, leases).await?;
+                    tracing::warn!(
+                        tasks = released.len(),
+                        "no free instance slot; handed the tasks back to the queue uncounted"
+                    );
+                }
+                Writes::Complete(completions) => {
+                    note_lost(&queue::complete_batch(pool, runner, completions).await?);
+                }
+                Writes::Fail(failures) => {
+                    note_lost(&queue::fail_batch(pool, runner, failures).await?.lost);
+                }
+            }
+            if let Some(done) = pending.groups.pop_front() {
+                self.leases.release(done.writes.leases());
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives reports up: their leases are let go and lapse, and the reaper rescues the tasks.
+    fn abandon(&self, groups: Vec<Group>) {
+        let count: usize = groups.iter().map(|g| g.writes.len()).sum();
+        if count == 0 {
+            return;
+        }
+        for g in &groups {
+            self.leases.release(g.writes.leases());
+        }
+        metrics::counter!(crate::metrics::REPORTS_ABANDONED).increment(count as u64);
+        tracing::error!(
+            reports = count,
+            hold = ?self.config.report_hold,
+            buffer_bytes = self.config.report_buffer_bytes,
+            "Postgres stayed unreachable past the report bounds: gave these reports up; their \
+             leases will lapse and the tasks run again"
+        );
+    }
+}
+
+/// Reports waiting to be written, oldest first, in groups of one statement each.
+#[derive(Debug, Default)]
+struct Pending {
+    groups: VecDeque<Group>,
+}
+
+#[derive(Debug)]
+struct Group {
+    writes: Writes,
+    since: Instant,
+    /// Bytes it holds, estimated only once a write failed (the healthy path never needs it).
+    weight: Option<usize>,
+}
+
+#[derive(Debug)]
+enum Writes {
+    Release(Vec<(TaskId, i32)>),
+    Complete(Vec<Completion>),
+    Fail(Vec<Failure>),
+}
+
+impl Writes {
+    fn len(&self) -> usize {
+        match self {
+            Writes::Release(l) => l.len(),
+            Writes::Complete(c) => c.len(),
+            Writes::Fail(f) => f.len(),
+        }
+    }
+
+    fn leases(&self) -> Vec<(TaskId, i32)> {
+        match self {
+            Writes::Release(l) => l.clone(),
+            Writes::Complete(c) => c.iter().map(|c| (c.id, c.attempt)).collect(),
+            Writes::Fail(f) => f.iter().map(|f| (f.id, f.attempt)).collect(),
+        }
+    }
+
+    fn weight(&self) -> usize {
+        const ROW: usize = 64;
+        match self {
+            Writes::Release(l) => l.len() * ROW,
+            Writes::Complete(c) => c
+                .iter()
+                .map(|c| ROW + json_len(&c.result) + c.logs.as_ref().map_or(0, String::len))
+                .sum(),
+            Writes::Fail(f) => f.iter().map(|f| ROW + f.message.len() + json_len(&f.detail)).sum(),
+        }
+    }
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    fn reports(&self) -> usize {
+        self.groups.iter().map(|g| g.writes.len()).sum()
+    }
+
+    /// Splits a batch of reports into its statements: hand-backs, completions, failures.
+    fn push(&mut self, batch: Vec<Report>) {
+        if batch.is_empty() {
+            return;
+        }
+        let since = Instant::now();
+        let (unrun, batch): (Vec<Report>, Vec<Report>) =
+            batch.into_iter().partition(|r| matches!(r.execution.outcome, Outcome::NoCapacity(_)));
+        let (done, failed): (Vec<Report>, Vec<Report>) =
+            batch.into_iter().partition(|r| r.execution.outcome.is_success());
+        let mut add = |writes: Writes| {
+            if writes.len() > 0 {
+                self.groups.push_back(Group { writes, since, weight: None });
+            }
+        };
         // The sandbox had no instance slot for these: nothing of the guest ran, so the attempt
         // is not the task's. Back to the queue, uncounted.
-        let leases: Vec<(queue::TaskId, i32)> =
-            unrun.iter().map(|r| (r.task.id, r.task.attempt)).collect();
-        if let Some(released) = with_retries(|| queue::release_batch(pool, runner, &leases)).await {
-            tracing::warn!(
-                tasks = released.len(),
-                "no free instance slot; handed the tasks back to the queue uncounted"
-            );
+        add(Writes::Release(unrun.iter().map(|r| (r.task.id, r.task.attempt)).collect()));
+        add(Writes::Complete(done.into_iter().map(completion).collect()));
+        let mut rng = rand::rng();
+        add(Writes::Fail(failed.iter().map(|r| failure(r, &mut rng)).collect()));
+    }
+
+    /// When the oldest group is to be given up (now when there is none).
+    fn give_up_at(&self, hold: Duration) -> Instant {
+        self.groups.front().map_or_else(Instant::now, |g| g.since + hold)
+    }
+
+    /// Takes off the oldest groups that waited longer than `hold` or do not fit in `bytes`.
+    fn over_bounds(&mut self, hold: Duration, bytes: usize) -> Vec<Group> {
+        let mut total: usize = self
+            .groups
+            .iter_mut()
+            .map(|g| *g.weight.get_or_insert_with(|| g.writes.weight()))
+            .sum();
+        let mut given_up = Vec::new();
+        while let Some(oldest) = self.groups.front() {
+            if oldest.since.elapsed() <= hold && total <= bytes {
+                break;
+            }
+            if let Some(g) = self.groups.pop_front() {
+                total -= g.weight.unwrap_or(0);
+                given_up.push(g);
+            }
+        }
+        given_up
+    }
+}
+
+/// Length of `v` as JSON, without building the text.
+fn json_len(v: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
         }
     }
-    let (done, failed): (Vec<Report>, Vec<Report>) =
-        batch.into_iter().partition(|r| r.execution.outcome.is_success());
-    if !done.is_empty() {
-        let completions: Vec<Completion> = done.into_iter().map(completion).collect();
-        if let Some(lost) = with_retries(|| queue::complete_batch(pool, runner, &completions)).await
-        {
-            note_lost(&lost);
-        }
-    }
-    if !failed.is_empty() {
-        let failures: Vec<Failure> = {
-            let mut rng = rand::rng();
-            failed.iter().map(|r| failure(r, &mut rng)).collect()
-        };
-        if let Some(report) = with_retries(|| queue::fail_batch(pool, runner, &failures)).await {
-            note_lost(&report.lost);
-        }
-    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, v);
+    count.0
 }
 
 /// A successful report, moved (results and logs can be large: no copies on the hot path).
@@ -117,24 +334,6 @@ fn failure(r: &Report, rng: &mut impl rand::Rng) -> Failure {
         detail,
         module_sha256: r.module_sha256.clone(),
     }
-}
-
-async fn with_retries<T, F, Fut>(mut write: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, queue::QueueError>>,
-{
-    for attempt in 1..=WRITE_TRIES {
-        match write().await {
-            Ok(v) => return Some(v),
-            Err(e) => {
-                tracing::warn!(error = %e, attempt, "writing task reports failed");
-                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
-            }
-        }
-    }
-    tracing::error!("giving up on a batch of reports; their leases will expire and be rescued");
-    None
 }
 
 fn note_lost(lost: &[queue::TaskId]) {
