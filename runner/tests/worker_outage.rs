@@ -21,7 +21,8 @@ const LEASE: Duration = Duration::from_secs(3);
 /// Longer than the lease, so every lease has expired by the time the server is back, and far
 /// longer than the tasks, which finish while it is away.
 const OUTAGE: Duration = Duration::from_secs(6);
-const TASK_MS: u64 = 300;
+/// Longer than stopping the server takes (so they finish while it is away, not before).
+const TASK_MS: u64 = 2000;
 
 fn config() -> WorkerConfig {
     let mut c = WorkerConfig { lease: LEASE, ..test_config() };
@@ -79,6 +80,14 @@ async fn a_task_that_finishes_during_an_outage_is_recorded_as_finished() {
         assert!(error_kinds(&t).is_empty(), "{t:#?}");
         assert_eq!(t.result, Some(json!({ "slept_ms": TASK_MS })));
     }
+    // The premise: the reports were written after the restart, not before the server stopped.
+    let early: i64 = sqlx::query_scalar(
+        "select count(*) from sweep.finished_tasks where finished_at < pg_postmaster_start_time()",
+    )
+    .fetch_one(&db.pool())
+    .await
+    .unwrap();
+    assert_eq!(early, 0, "tasks finished before the outage began");
     a.stop().await;
     b.stop().await;
 }
