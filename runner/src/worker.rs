@@ -38,7 +38,6 @@ use std::{
     },
 };
 
-use sqlx::PgPool;
 use tokio::{
     sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore},
     task::AbortHandle,
@@ -80,7 +79,7 @@ pub struct WorkerSummary {
 #[derive(Debug, Clone)]
 pub struct Worker {
     id: Uuid,
-    pool: PgPool,
+    store: Store,
     sandbox: Sandbox,
     guests: Guests,
     modules: ModuleCache,
@@ -123,10 +122,10 @@ impl Worker {
         if store.role() != Role::Runner {
             return Err(WorkerError::WrongRole(store.role()));
         }
-        let pool = store.pool().clone();
+        let store = store.clone();
         let modules = ModuleCache::new(sandbox.clone());
         let guests = Guests::start_default()?;
-        Ok(Worker { id: Uuid::new_v4(), pool, sandbox, guests, modules, config: Arc::new(config) })
+        Ok(Worker { id: Uuid::new_v4(), store, sandbox, guests, modules, config: Arc::new(config) })
     }
 
     pub fn id(&self) -> Uuid {
@@ -144,26 +143,35 @@ impl Worker {
         shutdown: impl Future<Output = ()>,
     ) -> Result<WorkerSummary, WorkerError> {
         let host = gethostname::gethostname().to_string_lossy().into_owned();
-        queue::register_runner(&self.pool, self.id, &host, std::process::id()).await?;
-        let wakeups = Wakeups::listen(&self.pool).await?;
+        queue::register_runner(&self.store, self.id, &host, std::process::id()).await?;
+        let wakeups = Wakeups::for_store(&self.store).await?;
         tracing::info!(runner = %self.id, allocator = ?self.sandbox.allocator(), "runner started");
+        if !wakeups.listening() {
+            tracing::info!(
+                runner = %self.id,
+                poll_ms = self.config.poll_interval.as_millis() as u64,
+                "no LISTEN: the database URL goes through a transaction pooler, which cannot \
+                 keep a LISTEN session, and no listen URL (--listen-url, SWEEP_LISTEN_URL) \
+                 names a direct connection; claiming every poll interval instead"
+            );
+        }
 
         let (stop_tx, stop_rx) = watch::channel(false);
         let (report_tx, report_rx) = mpsc::unbounded_channel();
         let reporter = tokio::spawn(report::run(
-            self.pool.clone(),
+            self.store.clone(),
             self.id,
             Arc::clone(&self.config),
             report_rx,
         ));
         let heartbeat = tokio::spawn(maintenance::heartbeat(
-            self.pool.clone(),
+            self.store.clone(),
             self.id,
             self.config.lease,
             stop_rx.clone(),
         ));
         let upkeep = tokio::spawn(maintenance::run(
-            self.pool.clone(),
+            self.store.clone(),
             self.id,
             Arc::clone(&self.config),
             stop_rx.clone(),
@@ -214,7 +222,7 @@ impl Worker {
         }
         let _ = stop_tx.send(true);
         let _ = tokio::join!(heartbeat, upkeep);
-        queue::deregister_runner(&self.pool, self.id).await?;
+        queue::deregister_runner(&self.store, self.id).await?;
         tracing::info!(runner = %self.id, claimed = summary.claimed, released = summary.released, "runner stopped");
         Ok(summary)
     }
@@ -279,7 +287,7 @@ impl Worker {
         let want = permits.iter().map(|p| p.num_permits()).sum::<usize>();
         let _in_flight = (mode == ClaimMode::Fair).then(|| FairClaim::start(lane));
         let claimed = match queue::claim(
-            &self.pool,
+            &self.store,
             self.id,
             want,
             &self.config.task_types,
@@ -331,7 +339,7 @@ impl Worker {
         let control = tokio::runtime::Handle::current();
         let handle = self.guests.spawn(async move {
             let report = execute::execute(
-                &worker.pool,
+                &worker.store,
                 &control,
                 &worker.sandbox,
                 &worker.modules,
@@ -361,7 +369,7 @@ impl Worker {
         if stuck.is_empty() {
             return 0;
         }
-        match queue::release_batch(&self.pool, self.id, &stuck).await {
+        match queue::release_batch(&self.store, self.id, &stuck).await {
             Ok(released) => {
                 tracing::warn!(
                     count = released.len(),

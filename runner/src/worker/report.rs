@@ -10,13 +10,12 @@
 use std::{sync::Arc, time::Duration};
 
 use serde_json::json;
-use sqlx::PgPool;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use crate::{
     config::WorkerConfig,
-    queue::{self, ClaimedTask, Completion, Failure, FailureKind, RetryPolicy},
+    queue::{self, ClaimedTask, Completion, Failure, FailureKind, RetryPolicy, Store},
     sandbox::{Execution, Outcome},
 };
 
@@ -32,18 +31,18 @@ pub struct Report {
 }
 
 pub(super) async fn run(
-    pool: PgPool,
+    store: Store,
     runner: Uuid,
     config: Arc<WorkerConfig>,
     mut reports: mpsc::UnboundedReceiver<Report>,
 ) {
     let mut batch = Vec::with_capacity(config.report_batch);
     while reports.recv_many(&mut batch, config.report_batch).await > 0 {
-        flush(&pool, runner, std::mem::take(&mut batch)).await;
+        flush(&store, runner, std::mem::take(&mut batch)).await;
     }
 }
 
-async fn flush(pool: &PgPool, runner: Uuid, batch: Vec<Report>) {
+async fn flush(store: &Store, runner: Uuid, batch: Vec<Report>) {
     let (unrun, batch): (Vec<Report>, Vec<Report>) =
         batch.into_iter().partition(|r| matches!(r.execution.outcome, Outcome::NoCapacity(_)));
     if !unrun.is_empty() {
@@ -51,7 +50,8 @@ async fn flush(pool: &PgPool, runner: Uuid, batch: Vec<Report>) {
         // is not the task's. Back to the queue, uncounted.
         let leases: Vec<(queue::TaskId, i32)> =
             unrun.iter().map(|r| (r.task.id, r.task.attempt)).collect();
-        if let Some(released) = with_retries(|| queue::release_batch(pool, runner, &leases)).await {
+        if let Some(released) = with_retries(|| queue::release_batch(store, runner, &leases)).await
+        {
             tracing::warn!(
                 tasks = released.len(),
                 "no free instance slot; handed the tasks back to the queue uncounted"
@@ -62,7 +62,8 @@ async fn flush(pool: &PgPool, runner: Uuid, batch: Vec<Report>) {
         batch.into_iter().partition(|r| r.execution.outcome.is_success());
     if !done.is_empty() {
         let completions: Vec<Completion> = done.into_iter().map(completion).collect();
-        if let Some(lost) = with_retries(|| queue::complete_batch(pool, runner, &completions)).await
+        if let Some(lost) =
+            with_retries(|| queue::complete_batch(store, runner, &completions)).await
         {
             note_lost(&lost);
         }
@@ -72,7 +73,7 @@ async fn flush(pool: &PgPool, runner: Uuid, batch: Vec<Report>) {
             let mut rng = rand::rng();
             failed.iter().map(|r| failure(r, &mut rng)).collect()
         };
-        if let Some(report) = with_retries(|| queue::fail_batch(pool, runner, &failures)).await {
+        if let Some(report) = with_retries(|| queue::fail_batch(store, runner, &failures)).await {
             note_lost(&report.lost);
         }
     }
