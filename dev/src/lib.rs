@@ -6,12 +6,14 @@
 //! - [`modules`]: the Wasm modules `scripts/build-modules.sh` builds, and a minimal module;
 //! - [`testing`]: test settings, a runner in-process, waiting for a task's state;
 //! - [`fixtures`]: statements only benches and tests run (history filling, counts, resets);
+//! - [`pgbouncer`]: a real PgBouncer in transaction mode in front of the test server;
 //! - [`bench`]: the end-to-end benchmarks behind `sweep-bench`.
 
 pub mod bench;
 pub mod db;
 pub mod fixtures;
 pub mod modules;
+pub mod pgbouncer;
 pub mod testing;
 
 pub use db::{migrated, Stores};
