@@ -7,6 +7,7 @@
 //! - [`testing`]: test settings, a runner in-process, waiting for a task's state;
 //! - [`pg`]: a Postgres server of a test's own, to stop and restart;
 //! - [`fixtures`]: statements only benches and tests run (history filling, counts, resets);
+//! - [`pgbouncer`]: a real PgBouncer in transaction mode in front of the test server;
 //! - [`bench`]: the end-to-end benchmarks behind `sweep-bench`.
 
 pub mod bench;
@@ -14,6 +15,7 @@ pub mod db;
 pub mod fixtures;
 pub mod modules;
 pub mod pg;
+pub mod pgbouncer;
 pub mod testing;
 
 pub use db::{migrated, Stores};

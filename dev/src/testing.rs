@@ -132,7 +132,12 @@ pub struct RunningWorker {
 }
 
 pub fn start_worker(db: &Stores, config: WorkerConfig) -> RunningWorker {
-    let worker = Worker::new(&db.runner, config).expect("worker");
+    start_worker_on(&db.runner, config)
+}
+
+/// [`start_worker`] on a runner store of the caller's (e.g. one opened through a pooler).
+pub fn start_worker_on(store: &queue::Store, config: WorkerConfig) -> RunningWorker {
+    let worker = Worker::new(store, config).expect("worker");
     let id = worker.id();
     let (stop, stopped) = oneshot::channel::<()>();
     let handle = tokio::spawn(async move {

@@ -4,6 +4,8 @@
 
 use std::{path::PathBuf, time::Duration};
 
+use sqlx::postgres::PgConnectOptions;
+
 use crate::{
     config::{MaintenanceConfig, WorkerConfig},
     sandbox::{Limits, SandboxConfig},
@@ -31,6 +33,11 @@ pub struct WorkerArgs {
     /// Poll interval in milliseconds, the backstop for NOTIFY wake-ups.
     #[arg(long, env = "SWEEP_POLL_MS", default_value_t = 1000)]
     pub poll_ms: u64,
+    /// A direct connection (no transaction pooler) to the same database, to LISTEN for
+    /// wake-ups on. Default: the database URL, unless it goes through a pooler (--pooled);
+    /// then runners claim every --poll-ms instead.
+    #[arg(long, env = "SWEEP_LISTEN_URL")]
+    pub listen_url: Option<String>,
     /// Seconds running tasks get to finish on SIGINT/SIGTERM before they are handed back.
     #[arg(long, env = "SWEEP_GRACE_SECS", default_value_t = crate::config::DEFAULT_GRACE_PERIOD.as_secs())]
     pub grace_secs: u64,
@@ -80,6 +87,11 @@ pub struct WorkerArgs {
 }
 
 impl WorkerArgs {
+    /// `--listen-url` parsed (an empty one counts as none).
+    pub fn listen_options(&self) -> Result<Option<PgConnectOptions>, sqlx::Error> {
+        self.listen_url.as_deref().filter(|url| !url.is_empty()).map(str::parse).transpose()
+    }
+
     pub fn to_config(&self) -> WorkerConfig {
         let defaults = Limits {
             fuel: self.fuel,

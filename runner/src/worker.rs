@@ -42,7 +42,6 @@ use std::{
     },
 };
 
-use sqlx::PgPool;
 use tokio::{
     sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore},
     task::AbortHandle,
@@ -85,7 +84,7 @@ pub struct WorkerSummary {
 #[derive(Debug, Clone)]
 pub struct Worker {
     id: Uuid,
-    pool: PgPool,
+    store: Store,
     sandbox: Sandbox,
     guests: Guests,
     modules: ModuleCache,
@@ -129,10 +128,10 @@ impl Worker {
         if store.role() != Role::Runner {
             return Err(WorkerError::WrongRole(store.role()));
         }
-        let pool = store.pool().clone();
+        let store = store.clone();
         let modules = ModuleCache::new(sandbox.clone());
         let guests = Guests::start_default()?;
-        Ok(Worker { id: Uuid::new_v4(), pool, sandbox, guests, modules, config: Arc::new(config) })
+        Ok(Worker { id: Uuid::new_v4(), store, sandbox, guests, modules, config: Arc::new(config) })
     }
 
     pub fn id(&self) -> Uuid {
@@ -155,6 +154,15 @@ impl Worker {
             () = &mut shutdown => return Ok(WorkerSummary::default()),
         };
         tracing::info!(runner = %self.id, allocator = ?self.sandbox.allocator(), "runner started");
+        if !wakeups.listening() {
+            tracing::info!(
+                runner = %self.id,
+                poll_ms = self.config.poll_interval.as_millis() as u64,
+                "no LISTEN: the database URL goes through a transaction pooler, which cannot \
+                 keep a LISTEN session, and no listen URL (--listen-url, SWEEP_LISTEN_URL) \
+                 names a direct connection; claiming every poll interval instead"
+            );
+        }
 
         let (stop_tx, stop_rx) = watch::channel(false);
         let (report_tx, report_rx) = mpsc::unbounded_channel();
@@ -162,7 +170,7 @@ impl Worker {
         let reach = Arc::new(Reachability::new());
         let reporter = tokio::spawn(report::run(
             report::Reporter {
-                pool: self.pool.clone(),
+                store: self.store.clone(),
                 runner: self.id,
                 config: Arc::clone(&self.config),
                 leases: Arc::clone(&leases),
@@ -171,7 +179,7 @@ impl Worker {
             report_rx,
         ));
         let heartbeat = tokio::spawn(maintenance::heartbeat(
-            self.pool.clone(),
+            self.store.clone(),
             self.id,
             self.config.lease,
             Arc::clone(&leases),
@@ -179,7 +187,7 @@ impl Worker {
             stop_rx.clone(),
         ));
         let upkeep = tokio::spawn(maintenance::run(
-            self.pool.clone(),
+            self.store.clone(),
             self.id,
             Arc::clone(&self.config),
             Arc::clone(&reach),
@@ -232,7 +240,7 @@ impl Worker {
         }
         let _ = stop_tx.send(true);
         let _ = tokio::join!(heartbeat, upkeep);
-        if let Err(e) = queue::deregister_runner(&self.pool, self.id).await {
+        if let Err(e) = queue::deregister_runner(&self.store, self.id).await {
             // Not fatal: the row stops heartbeating and is pruned.
             tracing::warn!(error = %e, "could not deregister the runner");
         }
@@ -247,8 +255,8 @@ impl Worker {
         let mut logged = false;
         loop {
             let started = async {
-                queue::register_runner(&self.pool, self.id, &host, std::process::id()).await?;
-                Wakeups::listen(&self.pool).await
+                queue::register_runner(&self.store, self.id, &host, std::process::id()).await?;
+                Wakeups::for_store(&self.store).await
             };
             match started.await {
                 Ok(wakeups) => return Ok(wakeups),
@@ -324,7 +332,7 @@ impl Worker {
         let want = permits.iter().map(|p| p.num_permits()).sum::<usize>();
         let _in_flight = (mode == ClaimMode::Fair).then(|| FairClaim::start(lane));
         let claimed = match queue::claim(
-            &self.pool,
+            &self.store,
             self.id,
             want,
             &self.config.task_types,
@@ -378,7 +386,7 @@ impl Worker {
         let control = tokio::runtime::Handle::current();
         let handle = self.guests.spawn(async move {
             let report = execute::execute(
-                &worker.pool,
+                &worker.store,
                 &control,
                 &worker.sandbox,
                 &worker.modules,
@@ -411,7 +419,7 @@ impl Worker {
         if stuck.is_empty() {
             return 0;
         }
-        let released = queue::release_batch(&self.pool, self.id, &stuck).await;
+        let released = queue::release_batch(&self.store, self.id, &stuck).await;
         leases.release(stuck);
         match released {
             Ok(released) => {

@@ -15,7 +15,7 @@
 //!   resolves its session cookie with the same [`identify_token`].
 
 use rand::RngCore;
-use sqlx::PgPool;
+use sqlx::PgExecutor;
 use warp::http::{HeaderMap, Method, StatusCode};
 use warp::{Filter, Rejection};
 
@@ -46,8 +46,8 @@ pub fn hash_token(token: &str) -> String {
 
 /// Creates tenant `name` with `caps` and returns it with its token. The token is shown to
 /// the caller once and cannot be recovered: only its hash is stored.
-pub async fn create_tenant(
-    pool: &PgPool,
+pub async fn create_tenant<'c>(
+    pool: impl PgExecutor<'c>,
     name: &str,
     caps: &TenantCaps,
 ) -> Result<(Tenant, String), queue::TenantError> {
@@ -58,8 +58,8 @@ pub async fn create_tenant(
 
 /// Gives existing tenant `name` a new token and returns it; the old one stops working. Like
 /// a new tenant's, the token is shown once: only its hash is stored.
-pub async fn rotate_token(
-    pool: &PgPool,
+pub async fn rotate_token<'c>(
+    pool: impl PgExecutor<'c>,
     name: &str,
 ) -> Result<(Tenant, String), queue::TenantError> {
     let (token, hash) = new_token();
@@ -102,9 +102,9 @@ impl Caller {
     /// The tenant a write acts on, with its caps (`None` for a tenant without a row, i.e.
     /// `default`). Operators name it with `?tenant=` (default: `default`); the tenant must
     /// exist.
-    pub async fn write_target(
+    pub async fn write_target<'c>(
         &self,
-        pool: &PgPool,
+        pool: impl PgExecutor<'c>,
         requested: Option<&str>,
     ) -> Result<(String, TenantCaps), ApiError> {
         match self {
@@ -197,7 +197,7 @@ pub async fn identify_token(state: &AdminState, token: &str) -> Result<Identity,
             return Ok(Identity { caller: Caller::Operator, read_only: false });
         }
     }
-    match queue::token_tenant(state.pool(), &hash).await? {
+    match queue::token_tenant(state.store(), &hash).await? {
         Some(t) => Ok(Identity { caller: Caller::Tenant(t.tenant), read_only: t.read_only }),
         None => Err(ApiError::unauthorized("invalid token")),
     }
@@ -205,8 +205,8 @@ pub async fn identify_token(state: &AdminState, token: &str) -> Result<Identity,
 
 /// Creates a read-only token for tenant `name` and returns it (shown once; only its hash is
 /// stored).
-pub async fn create_read_only_token(
-    pool: &PgPool,
+pub async fn create_read_only_token<'c>(
+    pool: impl PgExecutor<'c>,
     name: &str,
 ) -> Result<String, queue::TenantError> {
     let (token, hash) = new_token();

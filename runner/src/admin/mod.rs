@@ -1,7 +1,7 @@
 //! The admin API: an HTTP/JSON endpoint (warp) to upload modules, enqueue and inspect tasks,
 //! read queue statistics and scrape metrics, shared by several tenants.
 //!
-//! Owns: [`AdminState`] (pool, sandbox for upload validation, settings, metrics handle),
+//! Owns: [`AdminState`] (store, sandbox for upload validation, settings, metrics handle),
 //! [`routes`] (the whole API as one warp filter, for tests and embedding) and [`serve`] /
 //! [`serve_on`] (bind and serve until a shutdown future resolves). `sweep admin` serves it
 //! alone; `sweep run` serves it next to a runner.
@@ -37,7 +37,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -82,7 +81,7 @@ pub struct AdminState {
 }
 
 struct Inner {
-    pool: PgPool,
+    store: Store,
     sandbox: Sandbox,
     config: AdminConfig,
     operator_token_hash: Option<String>,
@@ -114,7 +113,7 @@ impl AdminState {
         if store.role() != Role::Admin {
             return Err(AdminError::WrongRole(store.role()));
         }
-        let pool = store.pool().clone();
+        let store = store.clone();
         let metrics = match crate::metrics::install() {
             Ok(handle) => Some(handle),
             Err(e) => {
@@ -126,7 +125,7 @@ impl AdminState {
         let validation_slots = Arc::new(Semaphore::new(config.max_concurrent_validations));
         Ok(AdminState {
             inner: Arc::new(Inner {
-                pool,
+                store,
                 sandbox,
                 config,
                 operator_token_hash,
@@ -137,8 +136,9 @@ impl AdminState {
         })
     }
 
-    pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
+    /// The admin store: pass it to the queue functions.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
     }
 
     pub fn sandbox(&self) -> &Sandbox {

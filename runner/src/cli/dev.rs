@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use sweep::{
     admin,
-    queue::{self, TenantCaps, TenantError},
+    queue::{self, StoreOptions, TenantCaps, TenantError},
 };
 
 use super::{
@@ -85,8 +85,10 @@ async fn serve_dev(
 ) -> anyhow::Result<()> {
     let config = args.worker.to_config();
     queue::migrate(url).await.context("migrating the database")?;
-    let runner = Runner::new(url, config, Some(&args.admin)).await?;
-    let pool = runner.pool().clone();
+    let listen = args.worker.listen_options().context("invalid --listen-url (SWEEP_LISTEN_URL)")?;
+    let connect = StoreOptions { listen, ..StoreOptions::default() };
+    let runner = Runner::new(url, &connect, config, Some(&args.admin)).await?;
+    let pool = runner.store().pool().clone();
     let token = dev_token(&pool).await?;
     let mut registered = Vec::new();
     let mut missing = Vec::new();

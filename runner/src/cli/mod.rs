@@ -29,12 +29,35 @@ pub struct DatabaseArgs {
     /// and its schema; every other command needs it migrated.
     #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/sweep")]
     pub database_url: String,
+    /// The database URL goes through a transaction pooler (PgBouncer with
+    /// `pool_mode = transaction`): every statement then runs unnamed in a transaction of its
+    /// own, and runners LISTEN only on --listen-url (without it they poll). `sweep migrate`
+    /// needs a direct connection: it uses --listen-url, or refuses.
+    #[arg(long, env = "SWEEP_DATABASE_POOLED")]
+    pub pooled: bool,
+}
+
+impl DatabaseArgs {
+    /// How stores open the database URL (no listen URL: that is the runner's).
+    pub fn store_options(&self) -> sweep::queue::StoreOptions {
+        sweep::queue::StoreOptions { pooled: self.pooled, listen: None }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    /// With --pooled: a direct connection to the same database (the one runners LISTEN on),
+    /// which the migrations run through instead of the pooler.
+    #[arg(long, env = "SWEEP_LISTEN_URL")]
+    pub listen_url: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create the database if needed and bring the Sweep schema up to date.
-    Migrate(DatabaseArgs),
+    Migrate(MigrateArgs),
     /// Run a runner: claim tasks and execute their modules until SIGINT/SIGTERM.
     Run(serve::RunArgs),
     /// Register the example modules, enqueue work, run it and show what happened.
@@ -64,7 +87,7 @@ pub enum Command {
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Migrate(db) => serve::migrate(db).await,
+        Command::Migrate(args) => serve::migrate(args).await,
         Command::Run(args) => serve::run(args).await,
         Command::Demo(args) => demo::demo(args).await,
         Command::Dev(args) => dev::dev(args).await,

@@ -4,22 +4,38 @@
 use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context;
-use sqlx::PgPool;
 use sweep::{
     admin::{self, AdminState},
     config::WorkerConfig,
-    queue::{self, Role, Store, StoreError},
+    queue::{self, Role, Store, StoreError, StoreOptions},
     sandbox::Sandbox,
     worker::{self, Worker, WorkerSummary},
 };
 
 use tokio::sync::watch;
 
-use super::{client::AdminServerArgs, DatabaseArgs};
+use super::{client::AdminServerArgs, DatabaseArgs, MigrateArgs};
 pub use sweep::args::{default_modules_dir, WorkerArgs};
 
-pub async fn migrate(db: DatabaseArgs) -> anyhow::Result<()> {
-    let done = queue::migrate(&db.database_url).await.context("migrating")?;
+pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    let url = match (args.db.pooled, args.listen_url.as_deref().filter(|url| !url.is_empty())) {
+        (false, _) => args.db.database_url.as_str(),
+        (true, Some(direct)) => {
+            eprintln!(
+                "migrating through the listen URL (--listen-url): migrations need a direct \
+                 connection, not the transaction pooler the database URL goes through"
+            );
+            direct
+        }
+        (true, None) => anyhow::bail!(
+            "sweep migrate cannot run through a transaction pooler (--pooled, \
+             SWEEP_DATABASE_POOLED): the migrator holds a session advisory lock across the \
+             migrations and they need search_path set at connect, neither of which a pooler \
+             keeps. Give --listen-url (SWEEP_LISTEN_URL) a direct URL to the same database, or \
+             run it with DATABASE_URL pointing at Postgres itself and without --pooled"
+        ),
+    };
+    let done = queue::migrate(url).await.context("migrating")?;
     if done.database_created {
         println!("created the database");
     }
@@ -53,7 +69,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = args.worker.to_config();
     config.validate().context("invalid runner settings")?;
     let admin = (!args.no_admin).then_some(&args.admin);
-    let runner = Runner::new(&args.db.database_url, config, admin).await?;
+    let listen = args.worker.listen_options().context("invalid --listen-url (SWEEP_LISTEN_URL)")?;
+    let connect = StoreOptions { listen, ..args.db.store_options() };
+    let runner = Runner::new(&args.db.database_url, &connect, config, admin).await?;
     let summary = runner.run(stop_on_signal()).await?;
     println!("runner stopped: {} tasks claimed, {} handed back", summary.claimed, summary.released);
     Ok(())
@@ -62,10 +80,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 /// Opens a store, waiting while the server cannot be reached: a runner (re)started during a
 /// Postgres outage comes up when the database does, as a running one rides the outage out.
 /// Any other failure (a bad URL, a refused login, a schema to migrate) is returned at once.
-async fn open_waiting(url: &str, role: Role, connections: u32) -> Result<Store, StoreError> {
+async fn open_waiting(
+    options: &StoreOptions,
+    url: &str,
+    role: Role,
+    connections: u32,
+) -> Result<Store, StoreError> {
     let mut logged = false;
     loop {
-        match Store::open(url, role, connections).await {
+        match options.open(url, role, connections).await {
             Err(e) if e.is_unreachable() => {
                 if !logged {
                     tracing::warn!(error = %e, ?role, "Postgres cannot be reached; waiting for it");
@@ -110,22 +133,25 @@ impl std::fmt::Debug for Runner {
 }
 
 impl Runner {
-    /// Opens the database at `url` (which must be migrated) for the runner and, with `admin`,
-    /// once more for the API, so its reads never wait for the runner's connections.
+    /// Opens the database at `url` (which must be migrated) as `connect` says for the runner
+    /// and, with `admin`, once more for the API (without the listen URL), so its reads never
+    /// wait for the runner's connections.
     pub async fn new(
         url: &str,
+        connect: &StoreOptions,
         config: WorkerConfig,
         admin: Option<&AdminServerArgs>,
     ) -> anyhow::Result<Runner> {
         config.validate().context("invalid runner settings")?;
-        let store = open_waiting(url, Role::Runner, pool_size(&config))
+        let store = open_waiting(connect, url, Role::Runner, pool_size(&config))
             .await
             .context("opening the database")?;
         let worker = Worker::new(&store, config).context("starting the runner")?;
         let admin = match admin {
             None => None,
             Some(args) => {
-                let admin_store = open_waiting(url, Role::Admin, ADMIN_CONNECTIONS)
+                let admin_connect = StoreOptions { listen: None, ..connect.clone() };
+                let admin_store = open_waiting(&admin_connect, url, Role::Admin, ADMIN_CONNECTIONS)
                     .await
                     .context("opening the database for the admin API")?;
                 // Built before the runner starts, so the metrics recorder sees every task.
@@ -141,9 +167,9 @@ impl Runner {
         Ok(Runner { store, worker, admin })
     }
 
-    /// The runner's pool.
-    pub fn pool(&self) -> &PgPool {
-        self.store.pool()
+    /// The runner's store.
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     pub fn sandbox(&self) -> &Sandbox {

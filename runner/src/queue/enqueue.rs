@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::{postgres::PgArguments, query::QueryAs, Acquire, Postgres};
+use sqlx::{postgres::PgArguments, query::QueryAs, Executor, Postgres};
 
 use super::{
-    sql_millis, types::Schedule, InvalidTask, NewTask, QueueError, TaskId, DEFAULT_MAX_ATTEMPTS,
+    sql_millis, types::Schedule, Connects, InvalidTask, NewTask, QueueError, TaskId,
+    DEFAULT_MAX_ATTEMPTS,
 };
 
 /// The most tasks one `enqueue_many` call takes (a few MB of parameters at most).
@@ -28,7 +29,7 @@ pub struct Enqueued {
 
 pub async fn enqueue<'c, A>(conn: A, task: NewTask) -> Result<Enqueued, QueueError>
 where
-    A: Acquire<'c, Database = Postgres>,
+    A: Connects<'c>,
 {
     let mut ids = enqueue_many(conn, std::slice::from_ref(&task)).await?;
     ids.pop().ok_or_else(|| QueueError::Corrupt("enqueue returned no id".into()))
@@ -37,7 +38,7 @@ where
 /// Enqueues `tasks` in one statement and returns their ids in input order.
 pub async fn enqueue_many<'c, A>(conn: A, tasks: &[NewTask]) -> Result<Vec<Enqueued>, QueueError>
 where
-    A: Acquire<'c, Database = Postgres>,
+    A: Connects<'c>,
 {
     if tasks.len() > MAX_BATCH {
         return Err(InvalidTask::BatchTooLarge { got: tasks.len(), max: MAX_BATCH }.into());
@@ -45,7 +46,7 @@ where
     for (index, task) in tasks.iter().enumerate() {
         task.validate().map_err(|e| InvalidTask::InBatch { index, source: Box::new(e) })?;
     }
-    let mut conn = conn.acquire().await?;
+    let mut conn = conn.connect().await?;
     let columns = Columns::from(tasks);
     if columns.dedup_keys.iter().all(Option::is_none) {
         return insert_plain(&mut conn, &columns).await;
@@ -153,8 +154,8 @@ macro_rules! module_defaults_cte {
 /// The bulk path, for batches without dedup keys: nothing can conflict, so a plain INSERT.
 /// Ids are drawn in input order before any join can reorder rows, so the returned ids, sorted,
 /// are the input order.
-async fn insert_plain(
-    conn: &mut sqlx::PgConnection,
+async fn insert_plain<'c, E: Executor<'c, Database = Postgres>>(
+    conn: E,
     c: &Columns,
 ) -> Result<Vec<Enqueued>, QueueError> {
     let rows: Vec<(TaskId,)> =
@@ -171,8 +172,8 @@ async fn insert_plain(
     Ok(ids.into_iter().map(|id| Enqueued { id, created: true }).collect())
 }
 
-async fn insert(
-    conn: &mut sqlx::PgConnection,
+async fn insert<'c, E: Executor<'c, Database = Postgres>>(
+    conn: E,
     c: &Columns,
 ) -> Result<Vec<Option<Enqueued>>, QueueError> {
     // Ids are drawn up front so each input row can be matched to its inserted row; rows

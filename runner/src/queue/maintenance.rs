@@ -8,12 +8,12 @@
 
 use std::time::Duration;
 
-use sqlx::{Acquire, PgExecutor, Postgres};
+use sqlx::PgExecutor;
 use uuid::Uuid;
 
 use super::{
-    fail_batch, sql_count, sql_millis, Failure, FailureKind, FailureReport, ModuleSettings,
-    QueueError, RetryPolicy, TaskId,
+    fail_batch, sql_count, sql_millis, Connects, Failure, FailureKind, FailureReport,
+    ModuleSettings, QueueError, RetryPolicy, TaskId,
 };
 
 /// A running task whose lease expired, now taken over by the reaper.
@@ -48,15 +48,15 @@ pub async fn reap_expired<'c, A>(
     settle: Duration,
 ) -> Result<FailureReport, QueueError>
 where
-    A: Acquire<'c, Database = Postgres>,
+    A: Connects<'c>,
 {
-    let mut conn = conn.acquire().await?;
-    let rescued = take_over_expired(&mut *conn, reaper, limit, settle).await?;
+    let mut conn = conn.connect().await?;
+    let rescued = take_over_expired(&mut conn, reaper, limit, settle).await?;
     if rescued.is_empty() {
         return Ok(FailureReport::default());
     }
     let failures = rescued_failures(&rescued, default_policy);
-    fail_batch(&mut *conn, reaper, &failures).await
+    fail_batch(&mut conn, reaper, &failures).await
 }
 
 /// The failed attempt each rescued task is charged with (the thread-local rng must not live
@@ -129,8 +129,11 @@ pub async fn delete_finished<'c, E: PgExecutor<'c>>(
 /// on its own timer). `tasks` holds only live work, so this is quick, and it reclaims the
 /// index entries of tasks that already ran, which every claim would otherwise walk past at
 /// the head of `tasks_claim`.
+///
+/// Sent as a plain string (the simple protocol: one message, nothing prepared): `VACUUM` cannot
+/// run inside a transaction block, which is how a pooled store runs prepared statements.
 pub async fn vacuum_live<'c, E: PgExecutor<'c>>(executor: E) -> Result<(), QueueError> {
-    sqlx::query(VACUUM_LIVE).execute(executor).await?;
+    executor.execute(VACUUM_LIVE).await?;
     Ok(())
 }
 

@@ -4,7 +4,8 @@
 //! `migrations/0008_finished_tasks.sql`. Callers never
 //! assemble a transition themselves: they call one of the named functions here
 //! (`claim_batch`, `complete_batch`, `fail_batch`, `cancel`, `requeue`, ...), each one
-//! statement, each taking an executor so it can run inside the caller's transaction.
+//! statement, each taking an executor so it can run inside the caller's transaction, or `&store`
+//! (a [`Store`], which runs them as a transaction pooler in between needs, see `pooler.rs`).
 //!
 //! Invariants every function keeps:
 //! - every transition out of `running` is fenced by the lease owner (a lease exists only while
@@ -74,6 +75,7 @@ mod error;
 mod maintenance;
 mod modules;
 mod notify;
+mod pooler;
 mod retry;
 mod runners;
 #[cfg(test)]
@@ -98,10 +100,13 @@ pub use modules::{
     Registered,
 };
 pub use notify::{Wakeups, NOTIFY_CHANNEL};
+pub use pooler::{Conn, Connects};
 pub use retry::{RetryPolicy, RetryPolicyError};
 pub use runners::{deregister_runner, list_runners, register_runner, RunnerInfo};
 pub use stats::{queue_stats, TypeStats};
-pub use store::{check_schema, migrate, migrate_with, Migrated, Role, Store, StoreError, SCHEMA};
+pub use store::{
+    check_schema, migrate, migrate_with, Migrated, Role, Store, StoreError, StoreOptions, SCHEMA,
+};
 pub use tenants::{
     change_tenant_caps, create_tenant, get_tenant, list_tenants, missing_modules, set_tenant_caps,
     set_tenant_token, set_tenant_weight, CapsChange, Tenant, TenantCaps, TenantError, MAX_WEIGHT,

@@ -7,9 +7,9 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{Acquire, PgExecutor, Postgres};
+use sqlx::PgExecutor;
 
-use super::{error::is_unique_violation, QueueError};
+use super::{error::is_unique_violation, Connects, QueueError};
 
 /// Per-module overrides of the runner's defaults. `None` means "use the default".
 #[derive(
@@ -68,14 +68,14 @@ pub async fn register_module<'c, A>(
     settings: &ModuleSettings,
 ) -> Result<Registered, QueueError>
 where
-    A: Acquire<'c, Database = Postgres>,
+    A: Connects<'c>,
 {
-    let mut conn = conn.acquire().await?;
+    let mut conn = conn.connect().await?;
     // Two concurrent uploads can pick the same next version number; the loser retries.
     for _ in 0..5 {
-        match insert_version(&mut *conn, tenant, task_type, sha256, bytes, settings).await {
+        match insert_version(&mut conn, tenant, task_type, sha256, bytes, settings).await {
             Ok((version, created)) => {
-                let module = get_version(&mut *conn, tenant, task_type, version).await?;
+                let module = get_version(&mut conn, tenant, task_type, version).await?;
                 return Ok(Registered { module, created });
             }
             Err(e) if is_unique_violation(&e, "modules_pkey") => continue,

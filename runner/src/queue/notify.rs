@@ -2,31 +2,67 @@
 //! a runner LISTENs and wakes its claim loop within milliseconds, with a poll interval as the
 //! backstop for anything a notification misses (a reconnect, a task whose `run_at` arrives).
 //!
+//! LISTEN needs a session that stays put, which a transaction pooler does not give: behind one
+//! a runner listens on a direct connection ([`Wakeups::listen_with`], the store's listen URL)
+//! or, without one, only polls ([`Wakeups::polling`]).
+//!
 //! Invariant: a notification that arrives while nobody waits is kept as one stored permit,
 //! so the next wait returns at once: wake-ups are never lost, only merged.
 
 use std::{sync::Arc, time::Duration};
 
-use sqlx::{postgres::PgListener, PgPool};
+use sqlx::{
+    postgres::{PgConnectOptions, PgListener, PgPoolOptions},
+    PgPool,
+};
 use tokio::{sync::Notify, task::JoinHandle};
 
-use super::QueueError;
+use super::{QueueError, Store};
 
 /// The channel enqueues notify and runners listen on (see [`notify_tasks!`]).
 pub const NOTIFY_CHANNEL: &str = notify_channel!();
 
-/// A LISTEN connection feeding a [`Notify`]. Dropping it stops the listener task.
+/// A LISTEN connection feeding a [`Notify`] (or none: see [`Wakeups::polling`]). Dropping it
+/// stops the listener task.
 #[derive(Debug)]
 pub struct Wakeups {
     notify: Arc<Notify>,
-    listener: JoinHandle<()>,
+    listener: Option<JoinHandle<()>>,
 }
 
 impl Wakeups {
-    /// Connects, LISTENs, and returns once the LISTEN is in place: any enqueue committed after
-    /// this returns wakes the waiter.
+    /// The wake-ups a runner on `store` gets: LISTEN on the store's listen URL if it has one,
+    /// else on one of its own connections, unless it goes through a transaction pooler: then
+    /// none, polling only.
+    pub async fn for_store(store: &Store) -> Result<Self, QueueError> {
+        match (store.listen_options(), store.pooled()) {
+            (Some(options), _) => Self::listen_with(options).await,
+            (None, false) => Self::listen(store.pool()).await,
+            (None, true) => Ok(Self::polling()),
+        }
+    }
+
+    /// Connects (taking one of the pool's connections for good), LISTENs, and returns once the
+    /// LISTEN is in place: any enqueue committed after this returns wakes the waiter.
     pub async fn listen(pool: &PgPool) -> Result<Self, QueueError> {
-        let mut listener = PgListener::connect_with(pool).await?;
+        Self::start(PgListener::connect_with(pool).await?).await
+    }
+
+    /// [`Wakeups::listen`] on a connection of its own to `options`.
+    pub async fn listen_with(options: &PgConnectOptions) -> Result<Self, QueueError> {
+        // The listener's own pool of one, only there to reconnect it (as `PgListener::connect`).
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .connect_with(options.clone())
+            .await?;
+        let mut listener = PgListener::connect_with(&pool).await?;
+        listener.ignore_pool_close_event(true);
+        Self::start(listener).await
+    }
+
+    async fn start(mut listener: PgListener) -> Result<Self, QueueError> {
         listener.listen(NOTIFY_CHANNEL).await?;
         let notify = Arc::new(Notify::new());
         let forward = Arc::clone(&notify);
@@ -44,7 +80,18 @@ impl Wakeups {
                 }
             }
         });
-        Ok(Wakeups { notify, listener })
+        Ok(Wakeups { notify, listener: Some(listener) })
+    }
+
+    /// No LISTEN: every [`Wakeups::wait`] lasts its poll interval unless [`Wakeups::wake`]
+    /// cuts it short.
+    pub fn polling() -> Self {
+        Wakeups { notify: Arc::new(Notify::new()), listener: None }
+    }
+
+    /// Whether a LISTEN connection feeds these wake-ups.
+    pub fn listening(&self) -> bool {
+        self.listener.is_some()
     }
 
     /// Waits for a notification or `poll`, whichever comes first. Returns true if woken by
@@ -61,6 +108,8 @@ impl Wakeups {
 
 impl Drop for Wakeups {
     fn drop(&mut self) {
-        self.listener.abort();
+        if let Some(listener) = &self.listener {
+            listener.abort();
+        }
     }
 }

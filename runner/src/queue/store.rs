@@ -20,7 +20,7 @@ use std::time::Duration;
 use sqlx::{
     migrate::MigrateDatabase,
     postgres::{PgConnectOptions, PgPoolOptions},
-    Connection, PgConnection, PgPool, Postgres,
+    Connection, Executor, PgConnection, PgExecutor, PgPool, Postgres,
 };
 
 use super::MIGRATOR;
@@ -46,11 +46,30 @@ impl Role {
     }
 }
 
-/// A connection pool to a migrated Sweep database, opened for one [`Role`].
+/// A connection pool to a migrated Sweep database, opened for one [`Role`]. Pass `&store` to
+/// the queue functions: it runs their statements as its connection needs (see
+/// [`StoreOptions::pooled`]).
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: PgPool,
     role: Role,
+    pooled: bool,
+    listen: Option<PgConnectOptions>,
+}
+
+/// How a store reaches Postgres. The default: directly, LISTEN on the same database URL.
+#[derive(Debug, Clone, Default)]
+pub struct StoreOptions {
+    /// The database URL goes through a transaction pooler (PgBouncer with
+    /// `pool_mode = transaction`), which hands the server connection to another client after
+    /// every transaction. Such a store runs each statement unnamed in a transaction of its own
+    /// (see `queue/pooler.rs`) and connects without the startup parameters PgBouncer refuses
+    /// (`extra_float_digits`). Sweep cannot see a pooler on the wire (PgBouncer answers like
+    /// Postgres, parameter statuses included), so this is said, not detected.
+    pub pooled: bool,
+    /// A direct connection to the same database for runners' LISTEN (a pooler would drop the
+    /// session that holds it). `None`: the database URL, unless pooled; then runners poll.
+    pub listen: Option<PgConnectOptions>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +81,13 @@ pub enum StoreError {
     Create(#[source] sqlx::Error),
     #[error("cannot connect to the database: {0}")]
     Connect(#[source] sqlx::Error),
+    #[error(
+        "cannot connect to the database: {0}. That refusal comes from a connection pooler \
+         (PgBouncer): behind a transaction pooler open the store as pooled (--pooled, \
+         SWEEP_DATABASE_POOLED=1) and keep `options` out of the URL; `sweep migrate` needs a \
+         direct connection"
+    )]
+    Pooler(#[source] sqlx::Error),
     #[error("the database has no Sweep schema yet: run `sweep migrate` first")]
     SchemaMissing,
     #[error(
@@ -76,6 +102,12 @@ pub enum StoreError {
     SchemaAhead { applied: i64, known: i64 },
     #[error("migration {version} failed half-way earlier: run `sweep migrate` again")]
     SchemaDirty { version: i64 },
+    #[error(
+        "the migration connection has search_path {search_path:?}, not the sweep it asked for: \
+         something between Sweep and Postgres (a pooler?) dropped its startup options; \
+         run `sweep migrate` with a direct database URL"
+    )]
+    NotDirect { search_path: String },
     #[error("migrations failed: {0}")]
     Migrate(#[source] sqlx::migrate::MigrateError),
     #[error("database error: {0}")]
@@ -91,10 +123,9 @@ impl StoreError {
 
 impl Store {
     /// Opens a pool of `max_connections` for `role` to the database at `url`, which must hold
-    /// the schema this binary was built with.
+    /// the schema this binary was built with, directly (see [`StoreOptions::open`]).
     pub async fn open(url: &str, role: Role, max_connections: u32) -> Result<Store, StoreError> {
-        let options = url.parse::<PgConnectOptions>().map_err(StoreError::BadUrl)?;
-        Store::open_with(options, role, max_connections).await
+        StoreOptions::default().open(url, role, max_connections).await
     }
 
     /// [`Store::open`] from parsed connect options.
@@ -103,17 +134,11 @@ impl Store {
         role: Role,
         max_connections: u32,
     ) -> Result<Store, StoreError> {
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options.application_name(role.application_name()))
-            .await
-            .map_err(StoreError::Connect)?;
-        check_schema(&pool).await?;
-        Ok(Store { pool, role })
+        StoreOptions::default().open_with(options, role, max_connections).await
     }
 
-    /// The pool: pass it (or a transaction begun on it) to the queue functions.
+    /// The pool itself, for statements of the caller's own (or a transaction begun on it).
+    /// Through a transaction pooler only `&store` runs Sweep's statements safely.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
@@ -122,9 +147,59 @@ impl Store {
         self.role
     }
 
+    /// Whether the store was opened as going through a transaction pooler.
+    pub fn pooled(&self) -> bool {
+        self.pooled
+    }
+
+    /// The direct connection runners LISTEN on, if one was given (see [`StoreOptions::listen`]).
+    pub fn listen_options(&self) -> Option<&PgConnectOptions> {
+        self.listen.as_ref()
+    }
+
     /// Waits for checked-out connections to come back, then closes the pool.
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+impl StoreOptions {
+    /// Opens a pool of `max_connections` for `role` to the database at `url`, which must hold
+    /// the schema this binary was built with.
+    pub async fn open(
+        &self,
+        url: &str,
+        role: Role,
+        max_connections: u32,
+    ) -> Result<Store, StoreError> {
+        let options = url.parse::<PgConnectOptions>().map_err(StoreError::BadUrl)?;
+        self.open_with(options, role, max_connections).await
+    }
+
+    /// [`StoreOptions::open`] from parsed connect options.
+    pub async fn open_with(
+        &self,
+        options: PgConnectOptions,
+        role: Role,
+        max_connections: u32,
+    ) -> Result<Store, StoreError> {
+        let mut options = options.application_name(role.application_name());
+        if self.pooled {
+            // PgBouncer refuses startup parameters it does not know ("unsupported startup
+            // parameter"); this one only shapes floats sent as text, which Sweep never reads.
+            options = options.extra_float_digits(None);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(connect_error)?;
+        let listen =
+            self.listen.clone().map(|listen| listen.application_name(role.application_name()));
+        let store = Store { pool, role, pooled: self.pooled, listen };
+        check_schema(&store).await?;
+        Ok(store)
     }
 }
 
@@ -138,9 +213,16 @@ pub struct Migrated {
 
 /// Creates the database if it does not exist and brings its Sweep schema up to date. Safe to
 /// run from several hosts at once (every step holds an advisory lock).
+///
+/// Needs a direct connection, never one through a transaction pooler: sqlx's migrator holds a
+/// session advisory lock across the migrations (through a pooler it would be taken on one
+/// server connection and released on another, so it neither excludes nor goes away), and the
+/// migrations rely on `search_path = sweep` from the startup options, which PgBouncer refuses
+/// ("unsupported startup parameter: options") or, told to ignore them, drops: then this stops
+/// before any migration runs ([`StoreError::NotDirect`]).
 pub async fn migrate(url: &str) -> Result<Migrated, StoreError> {
     let options = url.parse::<PgConnectOptions>().map_err(StoreError::BadUrl)?;
-    let database_created = if Postgres::database_exists(url).await.map_err(StoreError::Connect)? {
+    let database_created = if Postgres::database_exists(url).await.map_err(connect_error)? {
         false
     } else {
         Postgres::create_database(url).await.map_err(StoreError::Create)?;
@@ -152,20 +234,40 @@ pub async fn migrate(url: &str) -> Result<Migrated, StoreError> {
 
 /// Brings the Sweep schema of an existing database up to date; returns the versions applied.
 pub async fn migrate_with(options: PgConnectOptions) -> Result<Vec<i64>, StoreError> {
-    let mut conn = PgConnection::connect_with(&options).await.map_err(StoreError::Connect)?;
-    adopt_public_bookkeeping(&mut conn).await?;
-    conn.close().await?;
-
     // Every migration runs with the Sweep schema as the only one to create in or look in, so
-    // migrations name tables plainly and can never touch an application's own.
-    let mut conn = PgConnection::connect_with(&options.options([("search_path", SCHEMA)]))
+    // migrations name tables plainly and can never touch an application's own. Checked before
+    // anything is written (as a plain string: one message, which no pooler can split).
+    let mut conn = PgConnection::connect_with(&options.clone().options([("search_path", SCHEMA)]))
         .await
-        .map_err(StoreError::Connect)?;
+        .map_err(connect_error)?;
+    let search_path: String = sqlx::Row::try_get(&conn.fetch_one(SEARCH_PATH).await?, 0)?;
+    if search_path != SCHEMA {
+        return Err(StoreError::NotDirect { search_path });
+    }
+
+    let mut bookkeeping = PgConnection::connect_with(&options).await.map_err(connect_error)?;
+    adopt_public_bookkeeping(&mut bookkeeping).await?;
+    bookkeeping.close().await?;
+
     let before = applied_versions(&mut conn).await?;
     MIGRATOR.run(&mut conn).await.map_err(StoreError::Migrate)?;
     let after = applied_versions(&mut conn).await?;
     conn.close().await?;
     Ok(after.into_iter().filter(|v| !before.contains(v)).collect())
+}
+
+/// A connection error, told apart when it is a pooler refusing a startup parameter (PgBouncer
+/// answers "unsupported startup parameter: extra_float_digits", or `options`), so the message
+/// can say what to do.
+fn connect_error(e: sqlx::Error) -> StoreError {
+    let refused = e
+        .as_database_error()
+        .is_some_and(|db| db.message().starts_with("unsupported startup parameter"));
+    if refused {
+        StoreError::Pooler(e)
+    } else {
+        StoreError::Connect(e)
+    }
 }
 
 /// Databases migrated before the `sweep` schema existed keep sqlx's bookkeeping in
@@ -225,12 +327,16 @@ async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<i64>, StoreErro
 }
 
 /// Fails unless every embedded migration, and nothing newer, has been applied successfully.
-pub async fn check_schema(pool: &PgPool) -> Result<(), StoreError> {
-    let (exists,): (bool,) = sqlx::query_as(BOOKKEEPING_EXISTS).fetch_one(pool).await?;
+/// `executor` is a pool or `&store`.
+pub async fn check_schema<'c, E>(executor: E) -> Result<(), StoreError>
+where
+    E: PgExecutor<'c> + Copy,
+{
+    let (exists,): (bool,) = sqlx::query_as(BOOKKEEPING_EXISTS).fetch_one(executor).await?;
     if !exists {
         return Err(StoreError::SchemaMissing);
     }
-    let rows: Vec<(i64, bool)> = sqlx::query_as(APPLIED).fetch_all(pool).await?;
+    let rows: Vec<(i64, bool)> = sqlx::query_as(APPLIED).fetch_all(executor).await?;
     let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     let applied = rows.iter().map(|&(v, _)| v).max().unwrap_or(0);
     if let Some(&(version, _)) = rows.iter().find(|(_, success)| !success) {
@@ -247,6 +353,7 @@ pub async fn check_schema(pool: &PgPool) -> Result<(), StoreError> {
 
 /// The same key for every Sweep host: the bookkeeping move happens once.
 const MIGRATE_LOCK: &str = "select pg_advisory_xact_lock(1937204594)";
+const SEARCH_PATH: &str = "select current_setting('search_path')";
 const CREATE_SCHEMA: &str = "create schema if not exists sweep";
 const BOOKKEEPING_TABLES: &str = "select to_regclass('sweep._sqlx_migrations') is not null, \
                                   to_regclass('public._sqlx_migrations') is not null";
@@ -272,6 +379,7 @@ const DROP_PUBLIC_BOOKKEEPING: &str = "drop table public._sqlx_migrations";
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] = statements![
     MIGRATE_LOCK,
+    SEARCH_PATH,
     CREATE_SCHEMA,
     BOOKKEEPING_TABLES,
     BOOKKEEPING_EXISTS,

@@ -7,18 +7,17 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tracing::{field::Empty, Instrument};
 
 use super::Report;
 use crate::{
     config::WorkerConfig,
-    queue::{self, ClaimedTask, ModuleSettings},
+    queue::{self, ClaimedTask, ModuleSettings, Store},
     sandbox::{Execution, LimitOverrides, Limits, ModuleCache, Outcome, Sandbox, TaskInput},
 };
 
 pub(super) async fn execute(
-    pool: &PgPool,
+    store: &Store,
     control: &tokio::runtime::Handle,
     sandbox: &Sandbox,
     modules: &ModuleCache,
@@ -42,9 +41,9 @@ pub(super) async fn execute(
             None => (not_run(Outcome::ModuleMissing), None),
             Some(module) => {
                 let load = || async {
-                    let (pool, sha256) = (pool.clone(), module.sha256.clone());
+                    let (store, sha256) = (store.clone(), module.sha256.clone());
                     let read =
-                        control.spawn(async move { queue::module_bytes(&pool, &sha256).await });
+                        control.spawn(async move { queue::module_bytes(&store, &sha256).await });
                     match read.await {
                         Ok(Ok(Some(bytes))) => Ok(bytes),
                         Ok(Ok(None)) => {

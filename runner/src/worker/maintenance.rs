@@ -11,12 +11,14 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use sqlx::PgPool;
 use tokio::{sync::watch, time::MissedTickBehavior};
 use uuid::Uuid;
 
 use super::liveness::{HeldLeases, Reachability};
-use crate::{config::WorkerConfig, queue};
+use crate::{
+    config::WorkerConfig,
+    queue::{self, Store},
+};
 
 /// Most expired leases rescued per statement.
 const REAP_BATCH: usize = 1000;
@@ -24,7 +26,7 @@ const REAP_BATCH: usize = 1000;
 const HEARTBEAT_RETRY: Duration = Duration::from_millis(500);
 
 pub(super) async fn heartbeat(
-    pool: PgPool,
+    store: Store,
     runner: Uuid,
     lease: Duration,
     leases: Arc<HeldLeases>,
@@ -33,7 +35,7 @@ pub(super) async fn heartbeat(
 ) {
     let period = lease / 3;
     loop {
-        let wait = match queue::heartbeat_leases(&pool, runner, lease, &leases.snapshot()).await {
+        let wait = match queue::heartbeat_leases(&store, runner, lease, &leases.snapshot()).await {
             Ok(_) => period,
             Err(e) => {
                 reach.note(&e);
@@ -49,7 +51,7 @@ pub(super) async fn heartbeat(
 }
 
 pub(super) async fn run(
-    pool: PgPool,
+    store: Store,
     runner: Uuid,
     config: Arc<WorkerConfig>,
     reach: Arc<Reachability>,
@@ -63,7 +65,7 @@ pub(super) async fn run(
             return;
         }
         // Rescued tasks back off with their type's policy, over the runner's default.
-        match queue::reap_expired(&pool, runner, REAP_BATCH, config.retry, config.lease).await {
+        match queue::reap_expired(&store, runner, REAP_BATCH, config.retry, config.lease).await {
             Ok(r) if !(r.retrying.is_empty() && r.dead.is_empty()) => tracing::warn!(
                 retrying = r.retrying.len(),
                 dead = r.dead.len(),
@@ -80,7 +82,7 @@ pub(super) async fn run(
     let vacuum = async {
         let Some(period) = m.vacuum_interval else { return };
         every(period, vacuum_stop, || async {
-            if let Err(e) = queue::vacuum_live(&pool).await {
+            if let Err(e) = queue::vacuum_live(&store).await {
                 tracing::warn!(error = %e, "vacuuming the task table failed");
             }
         })
@@ -88,7 +90,7 @@ pub(super) async fn run(
     };
     let retention = every(m.retention_interval, stop.clone(), || async {
         loop {
-            match queue::delete_finished(&pool, m.retention_ttl, m.retention_batch).await {
+            match queue::delete_finished(&store, m.retention_ttl, m.retention_batch).await {
                 Ok(n) if n as usize >= m.retention_batch => continue,
                 Ok(_) => break,
                 Err(e) => {
@@ -97,12 +99,12 @@ pub(super) async fn run(
                 }
             }
         }
-        if let Err(e) = queue::prune_runners(&pool, m.runner_expiry).await {
+        if let Err(e) = queue::prune_runners(&store, m.runner_expiry).await {
             tracing::warn!(error = %e, "pruning runners failed");
         }
     });
     let hints = every(m.hint_repair_interval, stop.clone(), || async {
-        match queue::repair_queue_hints(&pool).await {
+        match queue::repair_queue_hints(&store).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(queues = n, "repaired queue hints that were late"),
             Err(e) => tracing::warn!(error = %e, "repairing queue hints failed"),

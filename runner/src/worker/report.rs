@@ -26,14 +26,15 @@ use std::{
 };
 
 use serde_json::json;
-use sqlx::PgPool;
 use tokio::sync::mpsc::{self, error::TryRecvError};
 use uuid::Uuid;
 
 use super::liveness::{HeldLeases, Reachability};
 use crate::{
     config::WorkerConfig,
-    queue::{self, ClaimedTask, Completion, Failure, FailureKind, QueueError, RetryPolicy, TaskId},
+    queue::{
+        self, ClaimedTask, Completion, Failure, FailureKind, QueueError, RetryPolicy, Store, TaskId,
+    },
     sandbox::{Execution, Outcome},
 };
 
@@ -53,7 +54,7 @@ pub struct Report {
 
 /// What the reporter shares with the rest of the runner.
 pub(super) struct Reporter {
-    pub(super) pool: PgPool,
+    pub(super) store: Store,
     pub(super) runner: Uuid,
     pub(super) config: Arc<WorkerConfig>,
     pub(super) leases: Arc<HeldLeases>,
@@ -125,7 +126,7 @@ pub(super) async fn run(reporter: Reporter, mut reports: mpsc::UnboundedReceiver
 impl Reporter {
     /// Writes the pending groups in order until one fails (it stays at the front).
     async fn write(&self, pending: &mut Pending) -> Result<(), QueueError> {
-        let (pool, runner) = (&self.pool, self.runner);
+        let (pool, runner) = (&self.store, self.runner);
         while let Some(group) = pending.groups.front() {
             match &group.writes {
                 Writes::Release(leases) => {

@@ -87,7 +87,7 @@ where
     let requested = RequestedLimits::from_query(&mut q)?;
     q.finish()?;
     check_content_type(content_type.as_deref(), WASM)?;
-    let (tenant, caps) = caller.write_target(state.pool(), tenant.as_deref()).await?;
+    let (tenant, caps) = caller.write_target(state.store(), tenant.as_deref()).await?;
     let (settings, limits) = resolve_limits(&requested, &caps, state.sandbox().config())?;
 
     let tenant_limit = caps.max_module_bytes.and_then(|b| usize::try_from(b).ok());
@@ -96,7 +96,7 @@ where
     let info = validate(&state, bytes.clone(), limits.memory_bytes).await?;
 
     let registered =
-        queue::register_module(state.pool(), &tenant, &task_type, &info.sha256, &bytes, &settings)
+        queue::register_module(state.store(), &tenant, &task_type, &info.sha256, &bytes, &settings)
             .await?;
     let m = registered.module;
     tracing::info!(%tenant, %task_type, version = m.version, sha256 = %m.sha256,
@@ -164,7 +164,7 @@ pub async fn list(state: AdminState, caller: Caller, query: Vec<(String, String)
     let scope = caller.read_scope(q.take("tenant").as_deref())?;
     let all = q.take_bool("all")?.unwrap_or(false);
     q.finish()?;
-    let modules = queue::list_versions(state.pool(), scope.as_deref(), None, !all).await?;
+    let modules = queue::list_versions(state.store(), scope.as_deref(), None, !all).await?;
     Ok(json(StatusCode::OK, &ModulesResponse { modules }))
 }
 
@@ -195,7 +195,7 @@ pub async fn versions(
     let scope = caller.read_scope(q.take("tenant").as_deref())?;
     q.finish()?;
     let modules =
-        queue::list_versions(state.pool(), scope.as_deref(), Some(&task_type), false).await?;
+        queue::list_versions(state.store(), scope.as_deref(), Some(&task_type), false).await?;
     if modules.is_empty() {
         return Err(no_module(&task_type));
     }
@@ -237,12 +237,12 @@ pub async fn activate(
     let mut q = Query::new(query)?;
     let tenant = q.take("tenant");
     q.finish()?;
-    let (tenant, _) = caller.write_target(state.pool(), tenant.as_deref()).await?;
+    let (tenant, _) = caller.write_target(state.store(), tenant.as_deref()).await?;
     let version = request.version;
-    queue::activate_version(state.pool(), &tenant, &task_type, version).await?;
+    queue::activate_version(state.store(), &tenant, &task_type, version).await?;
     tracing::info!(%tenant, %task_type, version, "module version activated");
     let modules =
-        queue::list_versions(state.pool(), Some(&tenant), Some(&task_type), false).await?;
+        queue::list_versions(state.store(), Some(&tenant), Some(&task_type), false).await?;
     let active =
         modules.into_iter().find(|m| m.version == version).ok_or_else(|| no_module(&task_type))?;
     Ok(json(StatusCode::OK, &active))

@@ -68,7 +68,7 @@ pub async fn dead(state: AdminState, caller: Caller, query: Vec<(String, String)
     };
     let limit = i64::try_from(limit).unwrap_or(1);
     let tasks =
-        queue::list_dead(state.pool(), scope.as_deref(), task_type.as_deref(), after, limit)
+        queue::list_dead(state.store(), scope.as_deref(), task_type.as_deref(), after, limit)
             .await?;
     let full = usize::try_from(limit).is_ok_and(|l| tasks.len() == l);
     let next_after = if full { tasks.last().map(|t| t.id) } else { None };
@@ -92,8 +92,8 @@ pub async fn dead(state: AdminState, caller: Caller, query: Vec<(String, String)
     )
 )]
 pub async fn requeue(state: AdminState, caller: Caller, id: TaskId) -> Answer {
-    queue::requeue(state.pool(), caller.scope(), id).await?;
-    let task = queue::get_task(state.pool(), caller.scope(), id).await?;
+    queue::requeue(state.store(), caller.scope(), id).await?;
+    let task = queue::get_task(state.store(), caller.scope(), id).await?;
     Ok(json(StatusCode::OK, &task))
 }
 
@@ -116,10 +116,10 @@ pub async fn stats(state: AdminState, caller: Caller, query: Vec<(String, String
     let mut q = Query::new(query)?;
     let scope = caller.read_scope(q.take("tenant").as_deref())?;
     q.finish()?;
-    let types = queue::queue_stats(state.pool(), scope.as_deref()).await?;
+    let types = queue::queue_stats(state.store(), scope.as_deref()).await?;
     let now = chrono::Utc::now();
     let operator = matches!(caller, Caller::Operator);
-    let runners = queue::list_runners(state.pool())
+    let runners = queue::list_runners(state.store())
         .await?
         .into_iter()
         .map(|r| RunnerView::new(r, operator, now))
@@ -151,7 +151,7 @@ pub fn healthz() -> Response {
     )
 )]
 pub async fn readyz(state: AdminState) -> Answer {
-    match queue::check_schema(state.pool()).await {
+    match queue::check_schema(state.store()).await {
         Ok(()) => Ok(json(StatusCode::OK, &Health { status: "ready" })),
         Err(e @ (StoreError::Database(_) | StoreError::Connect(_))) => {
             tracing::warn!(error = %e, "readiness check: database unreachable");
@@ -187,8 +187,8 @@ pub async fn metrics(state: AdminState, caller: Caller) -> Answer {
     let Some(handle) = state.metrics() else {
         return Err(ApiError::unavailable("the metrics recorder is not installed"));
     };
-    let stats = queue::queue_stats(state.pool(), None).await?;
-    let runners = queue::list_runners(state.pool()).await?;
+    let stats = queue::queue_stats(state.store(), None).await?;
+    let runners = queue::list_runners(state.store()).await?;
     crate::metrics::set_queue_gauges(&stats, runners.len());
     let mut response = handle.render().into_response();
     response.headers_mut().insert(

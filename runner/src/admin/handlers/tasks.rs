@@ -43,7 +43,7 @@ async fn check_modules(
     let mut seen = HashSet::new();
     let types: Vec<String> =
         tasks.iter().map(|t| t.task_type.clone()).filter(|t| seen.insert(t.clone())).collect();
-    let missing = queue::missing_modules(state.pool(), tenant, &types).await?;
+    let missing = queue::missing_modules(state.store(), tenant, &types).await?;
     match missing.as_slice() {
         [] => Ok(()),
         [one] => Err(ApiError::unprocessable(
@@ -86,11 +86,11 @@ pub async fn enqueue(
     request: EnqueueRequest,
 ) -> Answer {
     let requested = tenant_param(query)?;
-    let (tenant, _) = caller.write_target(state.pool(), requested.as_deref()).await?;
+    let (tenant, _) = caller.write_target(state.store(), requested.as_deref()).await?;
     let task = request.into_task(&tenant)?;
     task.validate().map_err(|e| ApiError::from(queue::QueueError::from(e)))?;
     check_modules(&state, &tenant, std::slice::from_ref(&task)).await?;
-    let enqueued = queue::enqueue(state.pool(), task).await?;
+    let enqueued = queue::enqueue(state.store(), task).await?;
     Ok(created_or_ok(enqueued.created, &enqueued))
 }
 
@@ -132,7 +132,7 @@ pub async fn enqueue_batch(
             format!("a batch holds at most {max} tasks, got {}", requests.len()),
         ));
     }
-    let (tenant, _) = caller.write_target(state.pool(), requested.as_deref()).await?;
+    let (tenant, _) = caller.write_target(state.store(), requested.as_deref()).await?;
     let mut tasks = Vec::with_capacity(requests.len());
     for (index, request) in requests.into_iter().enumerate() {
         let in_batch =
@@ -142,7 +142,7 @@ pub async fn enqueue_batch(
         tasks.push(task);
     }
     check_modules(&state, &tenant, &tasks).await?;
-    let enqueued = queue::enqueue_many(state.pool(), &tasks).await?;
+    let enqueued = queue::enqueue_many(state.store(), &tasks).await?;
     Ok(json(StatusCode::CREATED, &BatchResponse { tasks: enqueued }))
 }
 
@@ -162,7 +162,7 @@ pub async fn enqueue_batch(
     )
 )]
 pub async fn show(state: AdminState, caller: Caller, id: TaskId) -> Answer {
-    let task = queue::get_task(state.pool(), caller.scope(), id).await?;
+    let task = queue::get_task(state.store(), caller.scope(), id).await?;
     Ok(json(StatusCode::OK, &task))
 }
 
@@ -184,7 +184,7 @@ pub async fn show(state: AdminState, caller: Caller, id: TaskId) -> Answer {
     )
 )]
 pub async fn cancel(state: AdminState, caller: Caller, id: TaskId) -> Answer {
-    queue::cancel(state.pool(), caller.scope(), id).await?;
-    let task = queue::get_task(state.pool(), caller.scope(), id).await?;
+    queue::cancel(state.store(), caller.scope(), id).await?;
+    let task = queue::get_task(state.store(), caller.scope(), id).await?;
     Ok(json(StatusCode::OK, &task))
 }

@@ -50,7 +50,7 @@ fn operator_only(caller: &Caller, what: &str) -> Result<(), ApiError> {
 )]
 pub async fn list(state: AdminState, caller: Caller) -> Answer {
     let tenants = match caller {
-        Caller::Operator => queue::list_tenants(state.pool()).await?,
+        Caller::Operator => queue::list_tenants(state.store()).await?,
         Caller::Tenant(t) => vec![t],
     };
     Ok(json(StatusCode::OK, &TenantsResponse { tenants }))
@@ -84,7 +84,7 @@ pub async fn set_weight(
     request: WeightRequest,
 ) -> Answer {
     operator_only(&caller, "tenant weights")?;
-    let tenant = queue::set_tenant_weight(state.pool(), &name, request.weight).await?;
+    let tenant = queue::set_tenant_weight(state.store(), &name, request.weight).await?;
     tracing::info!(tenant = %tenant.name, weight = tenant.weight, "tenant weight set");
     Ok(json(StatusCode::OK, &tenant))
 }
@@ -117,7 +117,7 @@ pub async fn change_caps(
     request: CapsRequest,
 ) -> Answer {
     operator_only(&caller, "tenant caps")?;
-    let tenant = queue::change_tenant_caps(state.pool(), &name, &request.into()).await?;
+    let tenant = queue::change_tenant_caps(state.store(), &name, &request.into()).await?;
     tracing::info!(tenant = %tenant.name, caps = ?tenant.caps, "tenant caps changed");
     Ok(json(StatusCode::OK, &tenant))
 }
@@ -141,7 +141,7 @@ pub async fn change_caps(
 )]
 pub async fn rotate_token(state: AdminState, caller: Caller, name: String) -> Answer {
     operator_only(&caller, "tenant tokens")?;
-    let (tenant, token) = crate::admin::rotate_token(state.pool(), &name).await?;
+    let (tenant, token) = crate::admin::rotate_token(state.store(), &name).await?;
     tracing::info!(tenant = %tenant.name, "tenant token rotated");
     Ok(json(StatusCode::OK, &TokenResponse { tenant, token }))
 }

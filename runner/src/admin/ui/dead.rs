@@ -38,8 +38,9 @@ pub async fn list(state: AdminState, s: Session, q: Pairs) -> Page {
     let requeued = q.take_positive("requeued")?;
     let kept = q.take_positive("kept")?;
     q.finish()?;
-    let rows = queue::list_dead(state.pool(), tenant.as_deref(), task_type.as_deref(), after, PAGE)
-        .await?;
+    let rows =
+        queue::list_dead(state.store(), tenant.as_deref(), task_type.as_deref(), after, PAGE)
+            .await?;
     let message = requeued.map(|n| match kept {
         Some(k) => format!("Requeued {n} tasks; {k} stayed dead (their dedup key is in use)."),
         None => format!("Requeued {n} tasks."),
@@ -121,7 +122,7 @@ pub async fn list(state: AdminState, s: Session, q: Pairs) -> Page {
 /// `POST /ui/dead/{id}/requeue`: back to pending, then to the task's page.
 pub async fn requeue_one(state: AdminState, s: Session, id: TaskId, form: Pairs) -> Page {
     query(form)?.finish()?;
-    queue::requeue(state.pool(), s.caller().scope(), id).await?;
+    queue::requeue(state.store(), s.caller().scope(), id).await?;
     tracing::info!(id, who = %s.label(), "requeued from the dashboard");
     Ok(see_other(&format!("/ui/tasks/{id}?requeued=1")))
 }
@@ -135,12 +136,12 @@ pub async fn requeue_all(state: AdminState, s: Session, form: Pairs) -> Page {
     let (mut moved, mut kept, mut after) = (0usize, 0usize, None);
     'pages: while moved + kept < MAX_REQUEUE_ALL {
         let page =
-            queue::list_dead(state.pool(), tenant.as_deref(), task_type.as_deref(), after, 500)
+            queue::list_dead(state.store(), tenant.as_deref(), task_type.as_deref(), after, 500)
                 .await?;
         let Some(last) = page.last() else { break };
         after = Some(last.id);
         for task in &page {
-            match queue::requeue(state.pool(), s.caller().scope(), task.id).await {
+            match queue::requeue(state.store(), s.caller().scope(), task.id).await {
                 Ok(_) => moved += 1,
                 // Taken by a live task meanwhile, or requeued by someone else: leave it.
                 Err(QueueError::DedupKeyTaken { .. }) => kept += 1,

@@ -23,7 +23,7 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
     let scope = s.caller().read_scope(q.take("tenant").as_deref())?;
     let activated = q.take("activated");
     q.finish()?;
-    let versions = queue::list_versions(state.pool(), scope.as_deref(), None, false).await?;
+    let versions = queue::list_versions(state.store(), scope.as_deref(), None, false).await?;
     let body = html! {
         h1 { "Modules" }
         (notice(activated.map(|v| format!("Activated {v}."))))
@@ -85,11 +85,11 @@ pub async fn activate(
     queue::validate_task_type(&task_type)
         .map_err(|e| ApiError::bad_request("invalid_task_type", e.to_string()))?;
     // A tenant may only name itself; the operator names the module's tenant.
-    let (tenant, _) = s.caller().write_target(state.pool(), Some(&tenant)).await?;
+    let (tenant, _) = s.caller().write_target(state.store(), Some(&tenant)).await?;
     let version = i32::try_from(version).map_err(|_| {
         ApiError::not_found(format!("task_type {task_type:?} has no version {version}"))
     })?;
-    queue::activate_version(state.pool(), &tenant, &task_type, version).await?;
+    queue::activate_version(state.store(), &tenant, &task_type, version).await?;
     tracing::info!(%tenant, %task_type, version, who = %s.label(), "activated from the dashboard");
     Ok(see_other(&format!("/ui/modules?activated={task_type}%20v{version}")))
 }
@@ -100,7 +100,7 @@ pub async fn tenants(state: AdminState, s: Session, q: Pairs) -> Page {
     let changed = q.take("changed");
     q.finish()?;
     let tenants = match s.caller() {
-        Caller::Operator => queue::list_tenants(state.pool()).await?,
+        Caller::Operator => queue::list_tenants(state.store()).await?,
         Caller::Tenant(t) => vec![t.clone()],
     };
     let cap = |v: Option<i64>| v.map_or_else(|| "none".to_owned(), |v| v.to_string());
@@ -158,7 +158,7 @@ pub async fn set_weight(state: AdminState, s: Session, name: String, form: Pairs
     })?;
     q.finish()?;
     let weight = i32::try_from(weight).unwrap_or(i32::MAX);
-    let tenant = queue::set_tenant_weight(state.pool(), &name, weight).await?;
+    let tenant = queue::set_tenant_weight(state.store(), &name, weight).await?;
     tracing::info!(tenant = %tenant.name, weight, "tenant weight set from the dashboard");
     Ok(see_other(&format!("/ui/tenants?changed={}", tenant.name)))
 }

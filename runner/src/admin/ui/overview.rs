@@ -69,9 +69,9 @@ pub async fn overview(state: AdminState, s: Session, q: Pairs) -> Page {
     let scope = s.caller().read_scope(q.take("tenant").as_deref())?;
     q.finish()?;
     let scope = scope.as_deref();
-    let types = queue::queue_stats(state.pool(), scope).await?;
-    let minutes = queue::throughput_last_hour(state.pool(), scope).await?;
-    let runners = queue::list_runners(state.pool()).await?;
+    let types = queue::queue_stats(state.store(), scope).await?;
+    let minutes = queue::throughput_last_hour(state.store(), scope).await?;
+    let runners = queue::list_runners(state.store()).await?;
     let now = chrono::Utc::now();
     let succeeded: i64 = minutes.iter().map(|m| m.succeeded).sum();
     let failed: i64 = minutes.iter().map(|m| m.failed).sum();

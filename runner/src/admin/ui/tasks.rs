@@ -59,7 +59,7 @@ pub async fn list(state: AdminState, s: Session, q: Pairs) -> Page {
         before,
         limit: PAGE,
     };
-    let rows = queue::list_tasks(state.pool(), &filter).await?;
+    let rows = queue::list_tasks(state.store(), &filter).await?;
     let next =
         (rows.len() == usize::try_from(PAGE).unwrap_or(0)).then(|| rows.last().map(|r| r.id));
     let mut keep: Vec<(&str, String)> = Vec::new();
@@ -165,7 +165,7 @@ pub async fn show(state: AdminState, s: Session, id: TaskId, q: Pairs) -> Page {
     let mut q = query(q)?;
     let notice = q.take("requeued").map(|_| "Requeued: the task is pending again.".to_owned());
     q.finish()?;
-    let task = queue::get_task(state.pool(), s.caller().scope(), id).await?;
+    let task = queue::get_task(state.store(), s.caller().scope(), id).await?;
     let attempts = task.errors.as_array().cloned().unwrap_or_default();
     let can_requeue = task.state == TaskState::Dead && !s.read_only();
     let body = html! {

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use anyhow::Context;
 use serde_json::json;
 use sweep::admin::{self, AdminConfig, AdminState};
-use sweep::queue::{self, Role, Store, TenantCaps};
+use sweep::queue::{self, Role, TenantCaps};
 use sweep::sandbox::{Sandbox, SandboxConfig};
 
 use super::print;
@@ -56,8 +56,12 @@ pub async fn admin(args: AdminArgs) -> anyhow::Result<()> {
             "no operator token (SWEEP_OPERATOR_TOKEN): only tenant tokens can call the API"
         );
     }
-    let store =
-        Store::open(&args.db.database_url, Role::Admin, 8).await.context("opening the database")?;
+    let store = args
+        .db
+        .store_options()
+        .open(&args.db.database_url, Role::Admin, 8)
+        .await
+        .context("opening the database")?;
     let sandbox = Sandbox::new(SandboxConfig { pooling: false, ..SandboxConfig::default() })
         .context("starting the module validator")?;
     let state = AdminState::new(&store, sandbox, config)?;
@@ -276,11 +280,14 @@ async fn create(args: TenantCreateArgs) -> anyhow::Result<()> {
         max_memory_bytes: args.max_memory_mb.map(|mb| mb.saturating_mul(1 << 20)),
         max_running: args.max_running,
     };
-    let store =
-        Store::open(&args.db.database_url, Role::Admin, 2).await.context("opening the database")?;
-    let pool = store.pool();
-    let created = admin::create_tenant(pool, &args.name, &caps).await;
-    pool.close().await;
+    let store = args
+        .db
+        .store_options()
+        .open(&args.db.database_url, Role::Admin, 2)
+        .await
+        .context("opening the database")?;
+    let created = admin::create_tenant(&store, &args.name, &caps).await;
+    store.close().await;
     let (tenant, token) = created.with_context(|| format!("creating tenant {:?}", args.name))?;
     if args.json {
         println!("{}", print::pretty(&json!({"tenant": tenant, "token": token})));
@@ -293,9 +300,12 @@ async fn create(args: TenantCreateArgs) -> anyhow::Result<()> {
 }
 
 async fn read_only_token(name: String, db: DatabaseArgs, json: bool) -> anyhow::Result<()> {
-    let store =
-        Store::open(&db.database_url, Role::Admin, 2).await.context("opening the database")?;
-    let created = admin::create_read_only_token(store.pool(), &name).await;
+    let store = db
+        .store_options()
+        .open(&db.database_url, Role::Admin, 2)
+        .await
+        .context("opening the database")?;
+    let created = admin::create_read_only_token(&store, &name).await;
     store.close().await;
     let token = created.with_context(|| format!("creating a read-only token for {name:?}"))?;
     if json {
@@ -310,11 +320,13 @@ async fn read_only_token(name: String, db: DatabaseArgs, json: bool) -> anyhow::
 }
 
 async fn list(db: DatabaseArgs, json: bool) -> anyhow::Result<()> {
-    let store =
-        Store::open(&db.database_url, Role::Admin, 2).await.context("opening the database")?;
-    let pool = store.pool();
-    let tenants = queue::list_tenants(pool).await;
-    pool.close().await;
+    let store = db
+        .store_options()
+        .open(&db.database_url, Role::Admin, 2)
+        .await
+        .context("opening the database")?;
+    let tenants = queue::list_tenants(&store).await;
+    store.close().await;
     let tenants = tenants.context("listing tenants")?;
     if json {
         println!("{}", print::pretty(&json!({ "tenants": tenants })));
