@@ -16,6 +16,7 @@ pub mod fixtures;
 pub mod modules;
 pub mod pg;
 pub mod pgbouncer;
+mod servers;
 pub mod testing;
 
 pub use db::{migrated, Stores};

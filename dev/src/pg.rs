@@ -5,31 +5,29 @@
 //! As root the server runs as the `postgres` user through `runuser` (Postgres refuses root).
 
 use std::{
-    net::TcpListener,
     path::{Path, PathBuf},
-    process::Command,
     str::FromStr,
 };
 
 use anyhow::{bail, Context};
 use sqlx::postgres::PgConnectOptions;
 
+use crate::servers::{free_port, server_command};
+
 #[derive(Debug)]
 pub struct PrivatePostgres {
     bin: PathBuf,
     dir: PathBuf,
     port: u16,
-    as_postgres: bool,
 }
 
 impl PrivatePostgres {
     /// Initialises a cluster and starts it.
     pub fn start() -> anyhow::Result<Self> {
         let bin = bin_dir()?;
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = free_port();
         let dir = std::env::temp_dir().join(format!("sweep-pg-{}-{port}", std::process::id()));
-        let as_postgres = is_root();
-        let pg = PrivatePostgres { bin, dir, port, as_postgres };
+        let pg = PrivatePostgres { bin, dir, port };
         let dir = pg.dir.display().to_string();
         pg.run("initdb", &["-D", &dir, "-A", "trust", "-U", "postgres", "--no-sync"])?;
         // Quick to stop and to come back; fsync off: nothing here must survive a power cut.
@@ -82,15 +80,11 @@ impl PrivatePostgres {
     }
 
     fn run(&self, tool: &str, args: &[&str]) -> anyhow::Result<()> {
-        let exe = self.bin.join(tool);
-        let mut cmd = if self.as_postgres {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&exe);
-            c
-        } else {
-            Command::new(&exe)
-        };
-        let out = cmd.args(args).current_dir("/").output().with_context(|| format!("{tool}"))?;
+        let out = server_command(&self.bin.join(tool))
+            .args(args)
+            .current_dir("/")
+            .output()
+            .with_context(|| format!("{tool}"))?;
         if !out.status.success() {
             bail!(
                 "{tool} {args:?} failed: {}{}",
@@ -144,18 +138,6 @@ fn bin_dir() -> anyhow::Result<PathBuf> {
         .context(
             "no Postgres server binaries (pg_ctl) found: install postgresql or set SWEEP_PG_BIN",
         )
-}
-
-fn is_root() -> bool {
-    // The effective uid without unsafe code or another crate: /proc/self/status's Uid line.
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
 }
 
 /// Writes a file of the cluster keeping its owner (the server refuses files it cannot read).

@@ -16,6 +16,8 @@ use std::{
 };
 
 use rustix::process::{Pid, Signal};
+
+use crate::servers::{as_root, free_port, server_command};
 use sqlx::{postgres::PgConnectOptions, Connection, PgConnection};
 
 /// How long a started pgbouncer may take to accept a connection.
@@ -79,16 +81,10 @@ impl PgBouncer {
         }
         write(&config, &text);
 
-        let as_root = rustix::process::geteuid().is_root();
-        let mut command = if as_root {
-            // pgbouncer refuses to run as root.
+        if as_root() {
             hand_to_postgres(&dir);
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&binary);
-            c
-        } else {
-            Command::new(&binary)
-        };
+        }
+        let mut command = server_command(&binary);
         // Its log goes to the log file too; runuser has its say on stderr when stopped.
         command
             .arg(&config)
@@ -169,12 +165,6 @@ fn find_binary() -> Option<PathBuf> {
         .chain([PathBuf::from("/usr/sbin")])
         .map(|dir| dir.join("pgbouncer"))
         .find(|candidate| candidate.is_file())
-}
-
-/// A port nobody listens on right now.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a free port");
-    listener.local_addr().expect("local address").port()
 }
 
 fn write(path: &Path, text: &str) {

@@ -137,7 +137,11 @@ pub fn start_worker(db: &Stores, config: WorkerConfig) -> RunningWorker {
 
 /// [`start_worker`] on a runner store of the caller's (e.g. one opened through a pooler).
 pub fn start_worker_on(store: &queue::Store, config: WorkerConfig) -> RunningWorker {
-    let worker = Worker::new(store, config).expect("worker");
+    run_worker(Worker::new(store, config).expect("worker"))
+}
+
+/// Runs a worker built by the caller (who may need its id before it runs).
+pub fn run_worker(worker: Worker) -> RunningWorker {
     let id = worker.id();
     let (stop, stopped) = oneshot::channel::<()>();
     let handle = tokio::spawn(async move {

@@ -232,7 +232,7 @@ impl Worker {
         })
         .await;
         if drained.is_err() {
-            summary.released = self.hand_back(&in_flight, &leases).await;
+            summary.released = self.hand_back(&in_flight).await;
         }
         drop(report_tx);
         if let Err(e) = reporter.await {
@@ -252,24 +252,11 @@ impl Worker {
     /// reached (a runner started during an outage rides it out like a running one).
     async fn start_up(&self) -> Result<Wakeups, QueueError> {
         let host = gethostname::gethostname().to_string_lossy().into_owned();
-        let mut logged = false;
-        loop {
-            let started = async {
-                queue::register_runner(&self.store, self.id, &host, std::process::id()).await?;
-                Wakeups::for_store(&self.store).await
-            };
-            match started.await {
-                Ok(wakeups) => return Ok(wakeups),
-                Err(e) if e.is_unreachable() => {
-                    if !logged {
-                        tracing::warn!(error = %e, "Postgres cannot be reached; waiting for it");
-                        logged = true;
-                    }
-                    tokio::time::sleep(self.config.poll_interval).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        queue::while_unreachable(self.config.poll_interval, QueueError::is_unreachable, || async {
+            queue::register_runner(&self.store, self.id, &host, std::process::id()).await?;
+            Wakeups::for_store(&self.store).await
+        })
+        .await
     }
 
     /// One claim lane: waits for free slots, claims up to that many due tasks (at most a
@@ -406,7 +393,7 @@ impl Worker {
     }
 
     /// Aborts whatever still runs after the grace period and hands it back to the queue.
-    async fn hand_back(&self, in_flight: &InFlight, leases: &HeldLeases) -> u64 {
+    async fn hand_back(&self, in_flight: &InFlight) -> u64 {
         let stuck: Vec<(TaskId, i32)> = {
             let mut map = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
             map.drain()
@@ -419,9 +406,8 @@ impl Worker {
         if stuck.is_empty() {
             return 0;
         }
-        let released = queue::release_batch(&self.store, self.id, &stuck).await;
-        leases.release(stuck);
-        match released {
+        // Each aborted task lets its lease go as its `Hold` drops.
+        match queue::release_batch(&self.store, self.id, &stuck).await {
             Ok(released) => {
                 tracing::warn!(
                     count = released.len(),

@@ -40,6 +40,24 @@ async fn pooled(bouncer: &PgBouncer, role: Role, listen: Option<PgConnectOptions
         .unwrap_or_else(|e| panic!("opening a pooled {role:?} store: {e}\n{}", bouncer.log()))
 }
 
+/// A migrated test database (`direct`) behind a pgbouncer of its own, with pooled stores for
+/// the runner (listening on the direct URL when `listen_direct`) and the admin side.
+struct Behind {
+    direct: PgPool,
+    runner: Store,
+    admin: Store,
+    _bouncer: PgBouncer,
+}
+
+async fn behind_pgbouncer(db: PgConnectOptions, listen_direct: bool) -> Behind {
+    let db = migrated(db).await;
+    let bouncer = PgBouncer::start(&db.options, SERVERS, &[]).await;
+    let listen = listen_direct.then(|| db.options.clone());
+    let runner = pooled(&bouncer, Role::Runner, listen).await;
+    let admin = pooled(&bouncer, Role::Admin, None).await;
+    Behind { direct: db.pool(), runner, admin, _bouncer: bouncer }
+}
+
 /// Claims through `store` in `lanes` concurrent loops until `total` tasks succeeded: each
 /// lane renews its leases and fails the first attempt of every third task (retrying at once),
 /// completing everything else. Returns how many attempts failed.
@@ -99,11 +117,7 @@ async fn claims_reports_heartbeats_and_enqueues_go_through_the_pooler(
     _: PgPoolOptions,
     db: PgConnectOptions,
 ) {
-    let db = migrated(db).await;
-    let direct = db.pool();
-    let bouncer = PgBouncer::start(&db.options, SERVERS, &[]).await;
-    let runner = pooled(&bouncer, Role::Runner, None).await;
-    let admin = pooled(&bouncer, Role::Admin, None).await;
+    let Behind { direct, runner, admin, _bouncer } = behind_pgbouncer(db, false).await;
 
     // Both enqueue paths (plain batch, dedup keys), from concurrent clients.
     let plain: Vec<NewTask> = (0..150).map(|i| task("work", i)).collect();
@@ -188,11 +202,7 @@ async fn a_runner_through_the_pooler_listens_on_the_direct_url(
     _: PgPoolOptions,
     db: PgConnectOptions,
 ) {
-    let db = migrated(db).await;
-    let direct = db.pool();
-    let bouncer = PgBouncer::start(&db.options, SERVERS, &[]).await;
-    let runner = pooled(&bouncer, Role::Runner, Some(db.options.clone())).await;
-    let admin = pooled(&bouncer, Role::Admin, None).await;
+    let Behind { direct, runner, admin, _bouncer } = behind_pgbouncer(db, true).await;
     let state = api(&admin);
     call(&state, "PUT", "/v1/modules/wordcount", Some(module_bytes("wordcount"))).await;
 
@@ -220,11 +230,7 @@ async fn a_runner_through_the_pooler_without_a_listen_url_polls(
     _: PgPoolOptions,
     db: PgConnectOptions,
 ) {
-    let db = migrated(db).await;
-    let direct = db.pool();
-    let bouncer = PgBouncer::start(&db.options, SERVERS, &[]).await;
-    let runner = pooled(&bouncer, Role::Runner, None).await;
-    let admin = pooled(&bouncer, Role::Admin, None).await;
+    let Behind { direct, runner, admin, _bouncer } = behind_pgbouncer(db, false).await;
     assert!(!Wakeups::for_store(&runner).await.unwrap().listening());
     let bytes = module_bytes("wordcount");
     let sha = sweep::sandbox::sha256_hex(&bytes);

@@ -122,14 +122,10 @@ async fn a_lease_the_runner_no_longer_holds_lapses(_: PgPoolOptions, db: PgConne
     let id = queue::enqueue(&pool, task("t", 1)).await.unwrap().id;
     let orphan = queue::claim_batch(&pool, worker.id(), 1, &[], LEASE).await.unwrap();
     assert_eq!(orphan[0].id, id);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(worker.run(async {
-        let _ = stopped.await;
-    }));
+    let running = run_worker(worker);
 
     let t = wait_settled(&pool, id).await;
     assert_eq!(t.state, TaskState::Succeeded, "{t:#?}");
     assert_eq!(error_kinds(&t), vec![FailureKind::LeaseExpired]);
-    let _ = stop.send(());
-    running.await.unwrap().unwrap();
+    running.stop().await;
 }

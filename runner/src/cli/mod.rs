@@ -42,6 +42,15 @@ impl DatabaseArgs {
     pub fn store_options(&self) -> sweep::queue::StoreOptions {
         sweep::queue::StoreOptions { pooled: self.pooled, listen: None }
     }
+
+    /// The admin store of the operator commands, with `connections`.
+    pub async fn admin_store(&self, connections: u32) -> anyhow::Result<sweep::queue::Store> {
+        use anyhow::Context;
+        self.store_options()
+            .open(&self.database_url, sweep::queue::Role::Admin, connections)
+            .await
+            .context("opening the database")
+    }
 }
 
 #[derive(Debug, clap::Args)]

@@ -86,19 +86,11 @@ async fn open_waiting(
     role: Role,
     connections: u32,
 ) -> Result<Store, StoreError> {
-    let mut logged = false;
-    loop {
-        match options.open(url, role, connections).await {
-            Err(e) if e.is_unreachable() => {
-                if !logged {
-                    tracing::warn!(error = %e, ?role, "Postgres cannot be reached; waiting for it");
-                    logged = true;
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            opened => return opened,
-        }
-    }
+    let pause = Duration::from_secs(1);
+    queue::while_unreachable(pause, StoreError::is_unreachable, || {
+        options.open(url, role, connections)
+    })
+    .await
 }
 
 /// Connections a runner's pool needs for `config`.

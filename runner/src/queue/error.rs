@@ -81,6 +81,33 @@ pub fn is_unreachable(e: &sqlx::Error) -> bool {
     }
 }
 
+/// Runs `attempt` again, `pause` apart, for as long as it fails with an error `unreachable`
+/// says is a database that cannot be reached; saying so once. Any other outcome is returned:
+/// a process that starts during an outage comes up when Postgres does.
+pub async fn while_unreachable<T, E, Fut>(
+    pause: std::time::Duration,
+    unreachable: impl Fn(&E) -> bool,
+    mut attempt: impl FnMut() -> Fut,
+) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut logged = false;
+    loop {
+        match attempt().await {
+            Err(e) if unreachable(&e) => {
+                if !logged {
+                    tracing::warn!(error = %e, "Postgres cannot be reached; waiting for it");
+                    logged = true;
+                }
+                tokio::time::sleep(pause).await;
+            }
+            done => return done,
+        }
+    }
+}
+
 impl From<sqlx::Error> for QueueError {
     fn from(e: sqlx::Error) -> Self {
         QueueError::Database(e)

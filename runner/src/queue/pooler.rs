@@ -105,16 +105,30 @@ fn stream_of<'e>(
         .boxed()
 }
 
-fn first_row(steps: Vec<Step>) -> Option<PgRow> {
-    steps.into_iter().find_map(|step| step.right())
+/// The first row of a pooled statement, as `fetch_optional`.
+fn first_row<'e>(
+    steps: impl std::future::Future<Output = Result<Vec<Step>, sqlx::Error>> + Send + 'e,
+) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>> {
+    steps.map_ok(|steps| steps.into_iter().find_map(|step| step.right())).boxed()
 }
 
-fn no_prepared_statements<T>() -> Result<T, sqlx::Error> {
-    Err(sqlx::Error::Configuration(
-        "a store opened through a transaction pooler cannot prepare statements ahead: \
-         run the query instead"
-            .into(),
-    ))
+/// Preparing ahead names a statement on one server connection of the pooler's; refused.
+fn no_prepared_statements<'e, T: 'e>() -> BoxFuture<'e, Result<T, sqlx::Error>> {
+    Box::pin(async {
+        Err(sqlx::Error::Configuration(
+            "a store opened through a transaction pooler cannot prepare statements ahead: \
+             run the query instead"
+                .into(),
+        ))
+    })
+}
+
+/// [`run_pooled`] on a connection taken from `pool` for this one statement.
+async fn run_acquired<'q, E>(pool: sqlx::PgPool, query: E) -> Result<Vec<Step>, sqlx::Error>
+where
+    E: 'q + Execute<'q, Postgres>,
+{
+    run_pooled(&mut *pool.acquire().await?, query).await
 }
 
 /// A store is an executor for the queue functions: pass `&store`. Direct, it is its pool;
@@ -131,8 +145,7 @@ impl<'c> Executor<'c> for &'_ Store {
         if !self.pooled() {
             return self.pool().fetch_many(query);
         }
-        let pool = self.pool().clone();
-        stream_of(async move { run_pooled(&mut *pool.acquire().await?, query).await })
+        stream_of(run_acquired(self.pool().clone(), query))
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(
@@ -146,10 +159,7 @@ impl<'c> Executor<'c> for &'_ Store {
         if !self.pooled() {
             return self.pool().fetch_optional(query);
         }
-        let pool = self.pool().clone();
-        Box::pin(
-            async move { Ok(first_row(run_pooled(&mut *pool.acquire().await?, query).await?)) },
-        )
+        first_row(run_acquired(self.pool().clone(), query))
     }
 
     fn prepare_with<'e, 'q: 'e>(
@@ -163,7 +173,7 @@ impl<'c> Executor<'c> for &'_ Store {
         if !self.pooled() {
             return self.pool().prepare_with(sql, parameters);
         }
-        Box::pin(async { no_prepared_statements() })
+        no_prepared_statements()
     }
 
     fn describe<'e, 'q: 'e>(
@@ -176,7 +186,7 @@ impl<'c> Executor<'c> for &'_ Store {
         if !self.pooled() {
             return self.pool().describe(sql);
         }
-        Box::pin(async { no_prepared_statements() })
+        no_prepared_statements()
     }
 }
 
@@ -256,7 +266,7 @@ where
         if !self.pooled {
             return (&mut *self.conn).fetch_optional(query);
         }
-        Box::pin(async move { Ok(first_row(run_pooled(&mut self.conn, query).await?)) })
+        first_row(run_pooled(&mut self.conn, query))
     }
 
     fn prepare_with<'e, 'q: 'e>(
@@ -270,7 +280,7 @@ where
         if !self.pooled {
             return (&mut *self.conn).prepare_with(sql, parameters);
         }
-        Box::pin(async { no_prepared_statements() })
+        no_prepared_statements()
     }
 
     fn describe<'e, 'q: 'e>(
@@ -283,6 +293,6 @@ where
         if !self.pooled {
             return (&mut *self.conn).describe(sql);
         }
-        Box::pin(async { no_prepared_statements() })
+        no_prepared_statements()
     }
 }

@@ -15,7 +15,7 @@
 //!   one this binary was built with and says which command fixes it when not;
 //! - only [`migrate`] (and the commands that set up throwaway databases) creates a database.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use sqlx::{
     migrate::MigrateDatabase,
@@ -54,7 +54,8 @@ pub struct Store {
     pool: PgPool,
     role: Role,
     pooled: bool,
-    listen: Option<PgConnectOptions>,
+    /// Shared, not copied: a runner clones its store into every task it spawns.
+    listen: Option<Arc<PgConnectOptions>>,
 }
 
 /// How a store reaches Postgres. The default: directly, LISTEN on the same database URL.
@@ -154,7 +155,7 @@ impl Store {
 
     /// The direct connection runners LISTEN on, if one was given (see [`StoreOptions::listen`]).
     pub fn listen_options(&self) -> Option<&PgConnectOptions> {
-        self.listen.as_ref()
+        self.listen.as_deref()
     }
 
     /// Waits for checked-out connections to come back, then closes the pool.
@@ -195,8 +196,10 @@ impl StoreOptions {
             .connect_with(options)
             .await
             .map_err(connect_error)?;
-        let listen =
-            self.listen.clone().map(|listen| listen.application_name(role.application_name()));
+        let listen = self
+            .listen
+            .clone()
+            .map(|listen| Arc::new(listen.application_name(role.application_name())));
         let store = Store { pool, role, pooled: self.pooled, listen };
         check_schema(&store).await?;
         Ok(store)

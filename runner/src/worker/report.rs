@@ -96,30 +96,34 @@ pub(super) async fn run(reporter: Reporter, mut reports: mpsc::UnboundedReceiver
             closed_at.map_or(give_up_at, |at| give_up_at.min(at + config.grace_period));
         let written =
             tokio::time::timeout_at(give_up_at.into(), reporter.write(&mut pending)).await;
-        if let Ok(Ok(())) = written {
-            retry = RETRY_FIRST;
-        } else {
-            match written {
-                Ok(Err(e)) => {
-                    reporter.reach.note(&e);
-                    tracing::warn!(error = %e, pending = pending.reports(), "writing task reports failed; retrying");
+        match written {
+            Ok(Ok(())) => {
+                if retry != RETRY_FIRST {
+                    // Caught up after failures (the gauge is only set off the healthy path).
+                    metrics::gauge!(crate::metrics::REPORTS_PENDING).set(0.0);
+                    retry = RETRY_FIRST;
                 }
-                _ => {
-                    reporter.reach.unreachable();
-                    tracing::warn!(pending = pending.reports(), "writing task reports timed out");
-                }
+                continue;
             }
-            let shutting_down = closed_at.is_some_and(|at| at.elapsed() >= config.grace_period);
-            let given_up = if shutting_down {
-                std::mem::take(&mut pending.groups).into()
-            } else {
-                pending.over_bounds(config.report_hold, config.report_buffer_bytes)
-            };
-            reporter.abandon(given_up);
-            tokio::time::sleep(retry).await;
-            retry = (retry * 2).min(RETRY_MAX);
+            Ok(Err(e)) => {
+                reporter.reach.note(&e);
+                tracing::warn!(error = %e, pending = pending.reports(), "writing task reports failed; retrying");
+            }
+            Err(_) => {
+                reporter.reach.unreachable();
+                tracing::warn!(pending = pending.reports(), "writing task reports timed out");
+            }
         }
+        let shutting_down = closed_at.is_some_and(|at| at.elapsed() >= config.grace_period);
+        let given_up = if shutting_down {
+            std::mem::take(&mut pending.groups).into()
+        } else {
+            pending.over_bounds(config.report_hold, config.report_buffer_bytes)
+        };
+        reporter.abandon(given_up);
         metrics::gauge!(crate::metrics::REPORTS_PENDING).set(pending.reports() as f64);
+        tokio::time::sleep(retry).await;
+        retry = (retry * 2).min(RETRY_MAX);
     }
 }
 
@@ -144,7 +148,7 @@ impl Reporter {
                 }
             }
             if let Some(done) = pending.groups.pop_front() {
-                self.leases.release(done.writes.leases());
+                done.writes.release(&self.leases);
             }
         }
         Ok(())
@@ -157,7 +161,7 @@ impl Reporter {
             return;
         }
         for g in &groups {
-            self.leases.release(g.writes.leases());
+            g.writes.release(&self.leases);
         }
         metrics::counter!(crate::metrics::REPORTS_ABANDONED).increment(count as u64);
         tracing::error!(
@@ -200,11 +204,12 @@ impl Writes {
         }
     }
 
-    fn leases(&self) -> Vec<(TaskId, i32)> {
+    /// Lets go of the leases of these reports.
+    fn release(&self, leases: &HeldLeases) {
         match self {
-            Writes::Release(l) => l.clone(),
-            Writes::Complete(c) => c.iter().map(|c| (c.id, c.attempt)).collect(),
-            Writes::Fail(f) => f.iter().map(|f| (f.id, f.attempt)).collect(),
+            Writes::Release(l) => leases.release(l.iter().copied()),
+            Writes::Complete(c) => leases.release(c.iter().map(|c| (c.id, c.attempt))),
+            Writes::Fail(f) => leases.release(f.iter().map(|f| (f.id, f.attempt))),
         }
     }
 

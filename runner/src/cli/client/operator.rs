@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use anyhow::Context;
 use serde_json::json;
 use sweep::admin::{self, AdminConfig, AdminState};
-use sweep::queue::{self, Role, TenantCaps};
+use sweep::queue::{self, TenantCaps};
 use sweep::sandbox::{Sandbox, SandboxConfig};
 
 use super::print;
@@ -56,12 +56,7 @@ pub async fn admin(args: AdminArgs) -> anyhow::Result<()> {
             "no operator token (SWEEP_OPERATOR_TOKEN): only tenant tokens can call the API"
         );
     }
-    let store = args
-        .db
-        .store_options()
-        .open(&args.db.database_url, Role::Admin, 8)
-        .await
-        .context("opening the database")?;
+    let store = args.db.admin_store(8).await?;
     let sandbox = Sandbox::new(SandboxConfig { pooling: false, ..SandboxConfig::default() })
         .context("starting the module validator")?;
     let state = AdminState::new(&store, sandbox, config)?;
@@ -280,12 +275,7 @@ async fn create(args: TenantCreateArgs) -> anyhow::Result<()> {
         max_memory_bytes: args.max_memory_mb.map(|mb| mb.saturating_mul(1 << 20)),
         max_running: args.max_running,
     };
-    let store = args
-        .db
-        .store_options()
-        .open(&args.db.database_url, Role::Admin, 2)
-        .await
-        .context("opening the database")?;
+    let store = args.db.admin_store(2).await?;
     let created = admin::create_tenant(&store, &args.name, &caps).await;
     store.close().await;
     let (tenant, token) = created.with_context(|| format!("creating tenant {:?}", args.name))?;
@@ -300,11 +290,7 @@ async fn create(args: TenantCreateArgs) -> anyhow::Result<()> {
 }
 
 async fn read_only_token(name: String, db: DatabaseArgs, json: bool) -> anyhow::Result<()> {
-    let store = db
-        .store_options()
-        .open(&db.database_url, Role::Admin, 2)
-        .await
-        .context("opening the database")?;
+    let store = db.admin_store(2).await?;
     let created = admin::create_read_only_token(&store, &name).await;
     store.close().await;
     let token = created.with_context(|| format!("creating a read-only token for {name:?}"))?;
@@ -320,11 +306,7 @@ async fn read_only_token(name: String, db: DatabaseArgs, json: bool) -> anyhow::
 }
 
 async fn list(db: DatabaseArgs, json: bool) -> anyhow::Result<()> {
-    let store = db
-        .store_options()
-        .open(&db.database_url, Role::Admin, 2)
-        .await
-        .context("opening the database")?;
+    let store = db.admin_store(2).await?;
     let tenants = queue::list_tenants(&store).await;
     store.close().await;
     let tenants = tenants.context("listing tenants")?;
