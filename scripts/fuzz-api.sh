@@ -126,9 +126,18 @@ values = ["acme", "other", "default", "nobody"]
 "query.tenant" = { dictionary = "tenants", probability = 0.5 }
 "query.task_type" = { dictionary = "task_types", probability = 0.5 }
 "body.task_type" = { dictionary = "task_types", probability = 0.5 }
+
+# A schema-valid request may still be refused for what it means (a task type without a
+# module, bytes that are not wasm, a date out of range: 422; a body over a tenant's cap: 413;
+# a tenant token naming another tenant: 403), never called malformed (400).
+[checks.positive_data_acceptance]
+expected-statuses = ["2xx", "401", "403", "404", "409", "413", "422", "5xx"]
 EOF
 
 checks="not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance"
+checks="$checks,positive_data_acceptance,negative_data_rejection,missing_required_header"
+checks="$checks,unsupported_method,allow_header_conformance,ignored_auth,use_after_free"
+checks="$checks,ensure_resource_availability"
 failed=0
 for who in read_only tenant operator; do
   case "$who" in

@@ -95,6 +95,9 @@ async fn list_versions_and_activate_to_roll_back(_: PgPoolOptions, db: PgConnect
         .await
         .expect(400, "invalid_json");
     api.post("/v1/modules/count/activate", OP, &json!({})).await.expect(400, "invalid_json");
+    api.post("/v1/modules/count/activate", OP, &json!([1])).await.expect(400, "invalid_json");
+    let rolled = api.post("/v1/modules/count/activate", OP, &json!({"version": 2.0})).await;
+    assert_eq!(rolled.ok(200)["version"], 2, "2.0 is an integer to JSON Schema");
     api.get("/v1/modules/ghost", OP).await.expect(404, "not_found");
     api.get("/v1/modules/bad%20type", OP).await.expect(400, "invalid_task_type");
 }

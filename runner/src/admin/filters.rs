@@ -8,12 +8,14 @@
 //! Invariants: every route matches path, then method, before it authenticates or reads a body
 //! (so an unknown path costs nothing and answers 404); every `/v1` route except
 //! `/v1/openapi.json` and `/metrics` authenticate; a rejection from any route becomes a JSON
-//! error in [`recover`].
+//! error in [`recover`]; a 405 carries `Allow` with the methods its path serves.
 
 use std::convert::Infallible;
 
 use utoipa::openapi::path::{HttpMethod, Operation};
+use warp::filters::path::FullPath;
 use warp::filters::BoxedFilter;
+use warp::http::{header, HeaderValue, StatusCode};
 use warp::reply::{Reply, Response};
 use warp::{Filter, Rejection};
 
@@ -112,6 +114,20 @@ impl Route {
             Route::TenantCaps => of::<tenants::__path_change_caps>(),
             Route::TenantToken => of::<tenants::__path_rotate_token>(),
         }
+    }
+
+    /// The methods served at `path` (as requested, e.g. `/v1/tasks/7`), for the `Allow`
+    /// header of a 405.
+    pub fn allowed_at(path: &str) -> Vec<&'static str> {
+        let mut allowed: Vec<&'static str> = Route::ALL
+            .into_iter()
+            .map(Route::doc)
+            .filter(|(template, _, _)| matches_template(template, path))
+            .flat_map(|(_, methods, _)| methods.into_iter().map(method_name))
+            .collect();
+        allowed.sort_unstable();
+        allowed.dedup();
+        allowed
     }
 
     /// The warp filter serving this route.
@@ -276,6 +292,52 @@ impl Route {
     }
 }
 
+/// Whether request path `path` is an instance of `template` (`/v1/tasks/{id}`): literal
+/// segments equal, `{id}` a task id (as the route parses it), any other `{...}` non-empty.
+fn matches_template(template: &str, path: &str) -> bool {
+    let (mut want, mut got) = (template.split('/'), path.split('/'));
+    loop {
+        match (want.next(), got.next()) {
+            (None, None) => return true,
+            (Some(w), Some(g)) => {
+                let matched = match w {
+                    "{id}" => g.parse::<TaskId>().is_ok(),
+                    w if w.starts_with('{') => !g.is_empty(),
+                    w => w == g,
+                };
+                if !matched {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+}
+
+fn method_name(method: HttpMethod) -> &'static str {
+    match method {
+        HttpMethod::Get => "GET",
+        HttpMethod::Post => "POST",
+        HttpMethod::Put => "PUT",
+        HttpMethod::Delete => "DELETE",
+        HttpMethod::Options => "OPTIONS",
+        HttpMethod::Head => "HEAD",
+        HttpMethod::Patch => "PATCH",
+        HttpMethod::Trace => "TRACE",
+    }
+}
+
+/// A 405 names the methods its path serves (`Allow`, which RFC 9110 requires of a 405).
+fn with_allow(path: FullPath, mut response: Response) -> Response {
+    if response.status() == StatusCode::METHOD_NOT_ALLOWED {
+        let allowed = Route::allowed_at(path.as_str()).join(", ");
+        if let (false, Ok(value)) = (allowed.is_empty(), HeaderValue::from_str(&allowed)) {
+            response.headers_mut().insert(header::ALLOW, value);
+        }
+    }
+    response
+}
+
 fn respond(answer: Answer) -> Result<Response, Rejection> {
     answer.map_err(ApiError::reject)
 }
@@ -300,15 +362,14 @@ pub fn routes(
         .iter()
         .fold(first.filter(&state), |served, next| served.or(next.filter(&state)).unify().boxed());
     // The dashboard (`/ui`) first: its pages answer HTML, never the API's JSON errors.
-    super::ui::routes(state.clone()).or(api).unify().recover(recover).unify().with(
-        warp::log::custom(|info| {
-            let (method, path, status) = (info.method(), info.path(), info.status().as_u16());
-            let elapsed_ms = info.elapsed().as_secs_f64() * 1000.0;
-            if status >= 500 {
-                tracing::warn!(%method, path, status, elapsed_ms, "admin API request failed");
-            } else {
-                tracing::debug!(%method, path, status, elapsed_ms, "admin API request");
-            }
-        }),
-    )
+    let served = super::ui::routes(state.clone()).or(api).unify().recover(recover).unify();
+    warp::path::full().and(served).map(with_allow).with(warp::log::custom(|info| {
+        let (method, path, status) = (info.method(), info.path(), info.status().as_u16());
+        let elapsed_ms = info.elapsed().as_secs_f64() * 1000.0;
+        if status >= 500 {
+            tracing::warn!(%method, path, status, elapsed_ms, "admin API request failed");
+        } else {
+            tracing::debug!(%method, path, status, elapsed_ms, "admin API request");
+        }
+    }))
 }
