@@ -111,6 +111,9 @@ csv() { local IFS=,; echo "$*"; }
 cat >"$work/schemathesis.toml" <<EOF
 # Written by scripts/fuzz-api.sh for one run.
 hooks = "$PWD/scripts/fuzz-api-hooks.py"
+# Nothing kept between runs (no .schemathesis/ in the checkout): a run is its seed.
+cache = { enabled = false }
+generation = { database = "none" }
 
 [dictionaries.task_ids]
 values = [$(csv "${ids[@]}"), 999999]
@@ -147,10 +150,11 @@ for who in read_only tenant operator; do
   esac
   echo "== schemathesis as the $who token"
   SECONDS=0
-  if ! st --config-file "$work/schemathesis.toml" run "$api/v1/openapi.json" \
+  # From $work: schemathesis and hypothesis keep state in the working directory.
+  if ! (cd "$work" && st --config-file "$work/schemathesis.toml" run "$api/v1/openapi.json" \
     --checks "$checks" --mode all --max-examples "$examples" --workers 1 --seed 1 \
     -H "Authorization: Bearer $token" --no-color "$@" \
-    --report json --report-json-path "$work/$who.json" >"$work/$who.out" 2>&1; then
+    --report json --report-json-path "$work/$who.json") >"$work/$who.out" 2>&1; then
     failed=1
     cat "$work/$who.out"
   else
@@ -168,6 +172,8 @@ done
 requests="$(grep -c 'admin API request' "$work/runner.log" || true)"
 server_errors="$(grep -c 'admin API request failed' "$work/runner.log" || true)"
 echo "== the server answered $requests requests, $server_errors with a 5xx"
+echo "   by status: $(grep -o 'admin API request.* status=[0-9]*' "$work/runner.log" \
+  | sed 's/.*status=//' | sort | uniq -c | awk '{printf "%s%s: %s", sep, $2, $1; sep=", "}')"
 if [ "$server_errors" -ne 0 ]; then
   grep 'admin API request failed' "$work/runner.log" | head -n 20
   failed=1

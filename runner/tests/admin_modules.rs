@@ -67,6 +67,8 @@ async fn list_versions_and_activate_to_roll_back(_: PgPoolOptions, db: PgConnect
     let summary: Vec<_> =
         modules.iter().map(|m| (m["task_type"].clone(), m["version"].clone())).collect();
     assert_eq!(summary, vec![(json!("count"), json!(2)), (json!("other"), json!(1))]);
+    // `?all=` is no boolean (it used to mean true; the fuzzer found it accepted).
+    api.get("/v1/modules?all=", OP).await.expect(400, "invalid_parameter");
     let all = api.get("/v1/modules?all=true", OP).await;
     assert_eq!(all.ok(200)["modules"].as_array().unwrap().len(), 3);
 

@@ -57,10 +57,11 @@ impl Query {
         }
     }
 
+    /// `true`, `false`, `1` or `0`; an empty value (`?all=`, `?all`) is no boolean.
     pub fn take_bool(&mut self, name: &str) -> Result<Option<bool>, ApiError> {
         let Some(raw) = self.take(name) else { return Ok(None) };
         match raw.as_str() {
-            "true" | "1" | "" => Ok(Some(true)),
+            "true" | "1" => Ok(Some(true)),
             "false" | "0" => Ok(Some(false)),
             _ => Err(ApiError::bad_request(
                 "invalid_parameter",
@@ -332,6 +333,17 @@ mod tests {
         let pairs = vec![("fuel".to_string(), "1".to_string()), ("fuel".into(), "2".into())];
         assert_eq!(Query::new(pairs).unwrap_err().status.as_u16(), 400);
         assert_eq!(requested(&[("memory_mb", "16")]).unwrap().memory_mb, Some(16));
+    }
+
+    #[test]
+    fn booleans_are_spelt_out() {
+        for (raw, want) in [("true", true), ("1", true), ("false", false), ("0", false)] {
+            assert_eq!(query(&[("all", raw)]).take_bool("all").unwrap(), Some(want));
+        }
+        for bad in ["", "yes", "TRUE"] {
+            let e = query(&[("all", bad)]).take_bool("all").unwrap_err();
+            assert_eq!((e.status.as_u16(), e.code), (400, "invalid_parameter"), "{bad:?}");
+        }
     }
 
     #[test]
