@@ -133,6 +133,10 @@ values = ["acme", "other", "default", "nobody"]
 # A schema-valid request may still be refused for what it means (a task type without a
 # module, bytes that are not wasm, a date out of range: 422; a body over a tenant's cap: 413;
 # a tenant token naming another tenant: 403), never called malformed (400).
+# Repeated query parameters are refused (400); let the coverage phase send them.
+[phases.coverage]
+generate-duplicate-query-parameters = true
+
 [checks.positive_data_acceptance]
 expected-statuses = ["2xx", "401", "403", "404", "409", "413", "422", "5xx"]
 EOF

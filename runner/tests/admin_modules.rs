@@ -52,6 +52,15 @@ async fn upload_answers_201_with_version_hash_size_and_limits(
                "output_bytes": sweep::sandbox::DEFAULT_OUTPUT_BYTES, "max_attempts": 2,
                "backoff_base_ms": 10, "backoff_cap_ms": 100, "max_running": 3})
     );
+
+    // A task type in the path is percent-decoded: clients send `:` as `%3A` (the fuzzer found
+    // `hs%3Ak` refused as an invalid task type).
+    let a = api.put_wasm("/v1/modules/mail%3Asend", OP, &bytes).await;
+    assert_eq!(a.ok(201)["task_type"], "mail:send");
+    api.get("/v1/modules/mail:send", OP).await.ok(200);
+    api.get("/v1/modules/mail%3asend", OP).await.ok(200);
+    let a = api.post("/v1/modules/mail%3Asend/activate", OP, &json!({"version": 1})).await;
+    assert_eq!(a.ok(200)["task_type"], "mail:send");
 }
 
 #[sqlx::test(migrations = false)]

@@ -78,6 +78,8 @@ async fn caps_change_only_what_is_named_and_null_clears(_: PgPoolOptions, db: Pg
 
     let req = api.req("PATCH", "/v1/tenants/acme/caps", Some(&token)).json(&json!({}));
     api.send(req).await.expect(403, "operator_only");
+    let req = api.req("PATCH", "/v1/tenants/%61cme/caps", OP).json(&json!({"max_fuel": 7}));
+    assert_eq!(api.send(req).await.ok(200)["name"], "acme", "the name is percent-decoded");
     let req = api.req("PATCH", "/v1/tenants/nobody/caps", OP).json(&json!({"max_fuel": 1}));
     api.send(req).await.expect(404, "not_found");
 

@@ -25,6 +25,7 @@ use super::error::{recover, ApiError};
 use super::handlers::{modules, ops, tasks, tenants, Answer};
 use super::models::{ActivateRequest, CapsRequest, EnqueueRequest, WeightRequest};
 use super::openapi;
+use super::params::PathText;
 use super::AdminState;
 use crate::queue::TaskId;
 
@@ -150,7 +151,7 @@ impl Route {
             Route::OpenApi => {
                 warp::path!("v1" / "openapi.json").and(warp::get()).map(openapi::serve).boxed()
             }
-            Route::Upload => warp::path!("v1" / "modules" / String)
+            Route::Upload => warp::path!("v1" / "modules" / PathText)
                 .and(warp::put())
                 .and(with(state))
                 .and(auth())
@@ -158,11 +159,20 @@ impl Route {
                 .and(warp::header::optional::<String>("content-type"))
                 .and(warp::header::optional::<u64>("content-length"))
                 .and(warp::body::stream())
-                .and_then(|task_type, state, caller, q, content_type, length, body| async move {
-                    let answer =
-                        modules::upload(state, caller, task_type, q, content_type, length, body);
-                    respond(answer.await)
-                })
+                .and_then(
+                    |PathText(task_type), state, caller, q, content_type, length, body| async move {
+                        let answer = modules::upload(
+                            state,
+                            caller,
+                            task_type,
+                            q,
+                            content_type,
+                            length,
+                            body,
+                        );
+                        respond(answer.await)
+                    },
+                )
                 .boxed(),
             Route::ModuleList => warp::path!("v1" / "modules")
                 .and(warp::get())
@@ -173,22 +183,22 @@ impl Route {
                     respond(modules::list(state, caller, q).await)
                 })
                 .boxed(),
-            Route::ModuleVersions => warp::path!("v1" / "modules" / String)
+            Route::ModuleVersions => warp::path!("v1" / "modules" / PathText)
                 .and(warp::get())
                 .and(with(state))
                 .and(auth())
                 .and(query())
-                .and_then(|task_type, state, caller, q| async move {
+                .and_then(|PathText(task_type), state, caller, q| async move {
                     respond(modules::versions(state, caller, task_type, q).await)
                 })
                 .boxed(),
-            Route::Activate => warp::path!("v1" / "modules" / String / "activate")
+            Route::Activate => warp::path!("v1" / "modules" / PathText / "activate")
                 .and(warp::post())
                 .and(with(state))
                 .and(auth())
                 .and(query())
                 .and(body::json::<ActivateRequest>(json_limit))
-                .and_then(|task_type, state, caller, q, request| async move {
+                .and_then(|PathText(task_type), state, caller, q, request| async move {
                     respond(modules::activate(state, caller, task_type, q, request).await)
                 })
                 .boxed(),
@@ -262,29 +272,29 @@ impl Route {
                     respond(tenants::list(state, caller).await)
                 })
                 .boxed(),
-            Route::TenantWeight => warp::path!("v1" / "tenants" / String / "weight")
+            Route::TenantWeight => warp::path!("v1" / "tenants" / PathText / "weight")
                 .and(warp::put())
                 .and(with(state))
                 .and(auth())
                 .and(body::json::<WeightRequest>(json_limit))
-                .and_then(|name, state, caller, request| async move {
+                .and_then(|PathText(name), state, caller, request| async move {
                     respond(tenants::set_weight(state, caller, name, request).await)
                 })
                 .boxed(),
-            Route::TenantCaps => warp::path!("v1" / "tenants" / String / "caps")
+            Route::TenantCaps => warp::path!("v1" / "tenants" / PathText / "caps")
                 .and(warp::patch())
                 .and(with(state))
                 .and(auth())
                 .and(body::json::<CapsRequest>(json_limit))
-                .and_then(|name, state, caller, request| async move {
+                .and_then(|PathText(name), state, caller, request| async move {
                     respond(tenants::change_caps(state, caller, name, request).await)
                 })
                 .boxed(),
-            Route::TenantToken => warp::path!("v1" / "tenants" / String / "token")
+            Route::TenantToken => warp::path!("v1" / "tenants" / PathText / "token")
                 .and(warp::post())
                 .and(with(state))
                 .and(auth())
-                .and_then(|name, state, caller| async move {
+                .and_then(|PathText(name), state, caller| async move {
                     respond(tenants::rotate_token(state, caller, name).await)
                 })
                 .boxed(),
