@@ -137,7 +137,7 @@ async fn stats_count_by_state_and_show_runners(_: PgPoolOptions, db: PgConnectOp
     assert_eq!(theirs["types"], json!([]));
     assert!(theirs["runners"][0].get("host").is_none());
     assert!(theirs["runners"][0].get("pid").is_none());
-    api.get("/v1/stats?tenant=default", Some(&acme)).await.expect(400, "tenant_not_allowed");
+    api.get("/v1/stats?tenant=default", Some(&acme)).await.expect(403, "tenant_not_allowed");
     let filtered = api.get("/v1/stats?tenant=acme", OP).await;
     assert_eq!(filtered.ok(200)["types"], json!([]));
 }

@@ -85,20 +85,20 @@ async fn another_tenants_rows_answer_as_if_absent(_: PgPoolOptions, db: PgConnec
         ("GET", "/v1/dead?tenant=acme"),
         ("GET", "/v1/stats?tenant=acme"),
     ] {
-        api.send(api.req(method, path, g)).await.expect(400, "tenant_not_allowed");
+        api.send(api.req(method, path, g)).await.expect(403, "tenant_not_allowed");
     }
     api.post("/v1/tasks?tenant=acme", g, &json!({"task_type": "count"}))
         .await
-        .expect(400, "tenant_not_allowed");
+        .expect(403, "tenant_not_allowed");
     api.post("/v1/tasks/batch?tenant=acme", g, &json!([{"task_type": "count"}]))
         .await
-        .expect(400, "tenant_not_allowed");
+        .expect(403, "tenant_not_allowed");
     api.post("/v1/modules/count/activate?tenant=acme", g, &json!({"version": 1}))
         .await
-        .expect(400, "tenant_not_allowed");
+        .expect(403, "tenant_not_allowed");
     api.put_wasm("/v1/modules/count?tenant=acme", g, &tiny_command())
         .await
-        .expect(400, "tenant_not_allowed");
+        .expect(403, "tenant_not_allowed");
     // Naming yourself is fine.
     api.get("/v1/dead?tenant=globex", g).await.ok(200);
 

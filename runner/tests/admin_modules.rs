@@ -52,6 +52,15 @@ async fn upload_answers_201_with_version_hash_size_and_limits(
                "output_bytes": sweep::sandbox::DEFAULT_OUTPUT_BYTES, "max_attempts": 2,
                "backoff_base_ms": 10, "backoff_cap_ms": 100, "max_running": 3})
     );
+
+    // A task type in the path is percent-decoded: clients send `:` as `%3A` (the fuzzer found
+    // `hs%3Ak` refused as an invalid task type).
+    let a = api.put_wasm("/v1/modules/mail%3Asend", OP, &bytes).await;
+    assert_eq!(a.ok(201)["task_type"], "mail:send");
+    api.get("/v1/modules/mail:send", OP).await.ok(200);
+    api.get("/v1/modules/mail%3asend", OP).await.ok(200);
+    let a = api.post("/v1/modules/mail%3Asend/activate", OP, &json!({"version": 1})).await;
+    assert_eq!(a.ok(200)["task_type"], "mail:send");
 }
 
 #[sqlx::test(migrations = false)]
@@ -67,6 +76,8 @@ async fn list_versions_and_activate_to_roll_back(_: PgPoolOptions, db: PgConnect
     let summary: Vec<_> =
         modules.iter().map(|m| (m["task_type"].clone(), m["version"].clone())).collect();
     assert_eq!(summary, vec![(json!("count"), json!(2)), (json!("other"), json!(1))]);
+    // `?all=` is no boolean (it used to mean true; the fuzzer found it accepted).
+    api.get("/v1/modules?all=", OP).await.expect(400, "invalid_parameter");
     let all = api.get("/v1/modules?all=true", OP).await;
     assert_eq!(all.ok(200)["modules"].as_array().unwrap().len(), 3);
 
@@ -95,6 +106,9 @@ async fn list_versions_and_activate_to_roll_back(_: PgPoolOptions, db: PgConnect
         .await
         .expect(400, "invalid_json");
     api.post("/v1/modules/count/activate", OP, &json!({})).await.expect(400, "invalid_json");
+    api.post("/v1/modules/count/activate", OP, &json!([1])).await.expect(400, "invalid_json");
+    let rolled = api.post("/v1/modules/count/activate", OP, &json!({"version": 2.0})).await;
+    assert_eq!(rolled.ok(200)["version"], 2, "2.0 is an integer to JSON Schema");
     api.get("/v1/modules/ghost", OP).await.expect(404, "not_found");
     api.get("/v1/modules/bad%20type", OP).await.expect(400, "invalid_task_type");
 }

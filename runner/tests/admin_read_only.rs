@@ -147,7 +147,7 @@ async fn the_dashboard_scopes_sessions_and_refuses_forged_writes(
         warp::test::request().path("/ui/tasks?tenant=acme").header("cookie", &globex_cookie),
     )
     .await;
-    assert_eq!(r.status(), 400, "a tenant cannot name another tenant");
+    assert_eq!(r.status(), 403, "a tenant cannot name another tenant");
 
     // Writes: the CSRF token of this session, from the page, and the same origin.
     let csrf = csrf_of(&body);

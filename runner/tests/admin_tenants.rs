@@ -61,6 +61,11 @@ async fn caps_change_only_what_is_named_and_null_clears(_: PgPoolOptions, db: Pg
         (&json!(5), &json!(500), &json!(1048576)),
         "named caps set, max_fuel kept"
     );
+    // An array is not a caps object (serde alone reads `[null, null]` as clearing the first
+    // two caps; the fuzzer found it); integers may carry a zero fraction.
+    patch(json!([null, null])).await.expect(400, "invalid_json");
+    let t = patch(json!({"max_running": 5.0})).await;
+    assert_eq!((&t.ok(200)["max_running"], &t.json["max_fuel"]), (&json!(5), &json!(500)));
     let t = patch(json!({"max_fuel": null})).await;
     assert_eq!(t.ok(200)["max_fuel"], serde_json::Value::Null);
 
@@ -73,6 +78,8 @@ async fn caps_change_only_what_is_named_and_null_clears(_: PgPoolOptions, db: Pg
 
     let req = api.req("PATCH", "/v1/tenants/acme/caps", Some(&token)).json(&json!({}));
     api.send(req).await.expect(403, "operator_only");
+    let req = api.req("PATCH", "/v1/tenants/%61cme/caps", OP).json(&json!({"max_fuel": 7}));
+    assert_eq!(api.send(req).await.ok(200)["name"], "acme", "the name is percent-decoded");
     let req = api.req("PATCH", "/v1/tenants/nobody/caps", OP).json(&json!({"max_fuel": 1}));
     api.send(req).await.expect(404, "not_found");
 

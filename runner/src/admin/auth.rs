@@ -7,7 +7,7 @@
 //! - tokens are compared by their SHA-256, never stored or logged in clear; the operator
 //!   token is compared in constant time;
 //! - a tenant caller is scoped to its own name on every route; naming another tenant is
-//!   refused, and another tenant's rows answer 404 (the queue functions filter by tenant);
+//!   refused (403 `tenant_not_allowed`), and another tenant's rows answer 404 (the queue functions filter by tenant);
 //! - only the operator may name a tenant (`?tenant=NAME`); without one, the operator writes
 //!   to the `default` tenant and reads across all tenants;
 //! - a read-only token (see `queue::tokens`) acts as its tenant on `GET`/`HEAD` routes and
@@ -128,7 +128,10 @@ impl Caller {
 
 fn check_own(t: &Tenant, requested: Option<&str>) -> Result<(), ApiError> {
     match requested {
-        Some(name) if name != t.name => Err(ApiError::bad_request(
+        // An authorization refusal, not malformed input: the same request is fine from the
+        // operator.
+        Some(name) if name != t.name => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
             "tenant_not_allowed",
             "only the operator may name a tenant; your token already selects yours",
         )),

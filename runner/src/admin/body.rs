@@ -63,9 +63,10 @@ where
     Ok(out.freeze())
 }
 
-/// Parses `bytes` as `T`; a syntax or shape error is a 400 naming line and column.
+/// Parses `bytes` as `T` (its structs from JSON objects only, see `json_input`); a syntax or
+/// shape error is a 400 naming line and column.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes)
+    super::json_input::from_slice(bytes)
         .map_err(|e| ApiError::bad_request("invalid_json", format!("invalid JSON body: {e}")))
 }
 

@@ -8,12 +8,14 @@
 //! Invariants: every route matches path, then method, before it authenticates or reads a body
 //! (so an unknown path costs nothing and answers 404); every `/v1` route except
 //! `/v1/openapi.json` and `/metrics` authenticate; a rejection from any route becomes a JSON
-//! error in [`recover`].
+//! error in [`recover`]; a 405 carries `Allow` with the methods its path serves.
 
 use std::convert::Infallible;
 
 use utoipa::openapi::path::{HttpMethod, Operation};
+use warp::filters::path::FullPath;
 use warp::filters::BoxedFilter;
+use warp::http::{header, HeaderValue, StatusCode};
 use warp::reply::{Reply, Response};
 use warp::{Filter, Rejection};
 
@@ -23,6 +25,7 @@ use super::error::{recover, ApiError};
 use super::handlers::{modules, ops, tasks, tenants, Answer};
 use super::models::{ActivateRequest, CapsRequest, EnqueueRequest, WeightRequest};
 use super::openapi;
+use super::params::PathText;
 use super::AdminState;
 use crate::queue::TaskId;
 
@@ -114,6 +117,20 @@ impl Route {
         }
     }
 
+    /// The methods served at `path` (as requested, e.g. `/v1/tasks/7`), for the `Allow`
+    /// header of a 405.
+    pub fn allowed_at(path: &str) -> Vec<&'static str> {
+        let mut allowed: Vec<&'static str> = Route::ALL
+            .into_iter()
+            .map(Route::doc)
+            .filter(|(template, _, _)| matches_template(template, path))
+            .flat_map(|(_, methods, _)| methods.into_iter().map(method_name))
+            .collect();
+        allowed.sort_unstable();
+        allowed.dedup();
+        allowed
+    }
+
     /// The warp filter serving this route.
     fn filter(self, state: &AdminState) -> BoxedFilter<(Response,)> {
         let auth = || authenticate(state.clone());
@@ -134,7 +151,7 @@ impl Route {
             Route::OpenApi => {
                 warp::path!("v1" / "openapi.json").and(warp::get()).map(openapi::serve).boxed()
             }
-            Route::Upload => warp::path!("v1" / "modules" / String)
+            Route::Upload => warp::path!("v1" / "modules" / PathText)
                 .and(warp::put())
                 .and(with(state))
                 .and(auth())
@@ -142,11 +159,20 @@ impl Route {
                 .and(warp::header::optional::<String>("content-type"))
                 .and(warp::header::optional::<u64>("content-length"))
                 .and(warp::body::stream())
-                .and_then(|task_type, state, caller, q, content_type, length, body| async move {
-                    let answer =
-                        modules::upload(state, caller, task_type, q, content_type, length, body);
-                    respond(answer.await)
-                })
+                .and_then(
+                    |PathText(task_type), state, caller, q, content_type, length, body| async move {
+                        let answer = modules::upload(
+                            state,
+                            caller,
+                            task_type,
+                            q,
+                            content_type,
+                            length,
+                            body,
+                        );
+                        respond(answer.await)
+                    },
+                )
                 .boxed(),
             Route::ModuleList => warp::path!("v1" / "modules")
                 .and(warp::get())
@@ -157,22 +183,22 @@ impl Route {
                     respond(modules::list(state, caller, q).await)
                 })
                 .boxed(),
-            Route::ModuleVersions => warp::path!("v1" / "modules" / String)
+            Route::ModuleVersions => warp::path!("v1" / "modules" / PathText)
                 .and(warp::get())
                 .and(with(state))
                 .and(auth())
                 .and(query())
-                .and_then(|task_type, state, caller, q| async move {
+                .and_then(|PathText(task_type), state, caller, q| async move {
                     respond(modules::versions(state, caller, task_type, q).await)
                 })
                 .boxed(),
-            Route::Activate => warp::path!("v1" / "modules" / String / "activate")
+            Route::Activate => warp::path!("v1" / "modules" / PathText / "activate")
                 .and(warp::post())
                 .and(with(state))
                 .and(auth())
                 .and(query())
                 .and(body::json::<ActivateRequest>(json_limit))
-                .and_then(|task_type, state, caller, q, request| async move {
+                .and_then(|PathText(task_type), state, caller, q, request| async move {
                     respond(modules::activate(state, caller, task_type, q, request).await)
                 })
                 .boxed(),
@@ -246,34 +272,80 @@ impl Route {
                     respond(tenants::list(state, caller).await)
                 })
                 .boxed(),
-            Route::TenantWeight => warp::path!("v1" / "tenants" / String / "weight")
+            Route::TenantWeight => warp::path!("v1" / "tenants" / PathText / "weight")
                 .and(warp::put())
                 .and(with(state))
                 .and(auth())
                 .and(body::json::<WeightRequest>(json_limit))
-                .and_then(|name, state, caller, request| async move {
+                .and_then(|PathText(name), state, caller, request| async move {
                     respond(tenants::set_weight(state, caller, name, request).await)
                 })
                 .boxed(),
-            Route::TenantCaps => warp::path!("v1" / "tenants" / String / "caps")
+            Route::TenantCaps => warp::path!("v1" / "tenants" / PathText / "caps")
                 .and(warp::patch())
                 .and(with(state))
                 .and(auth())
                 .and(body::json::<CapsRequest>(json_limit))
-                .and_then(|name, state, caller, request| async move {
+                .and_then(|PathText(name), state, caller, request| async move {
                     respond(tenants::change_caps(state, caller, name, request).await)
                 })
                 .boxed(),
-            Route::TenantToken => warp::path!("v1" / "tenants" / String / "token")
+            Route::TenantToken => warp::path!("v1" / "tenants" / PathText / "token")
                 .and(warp::post())
                 .and(with(state))
                 .and(auth())
-                .and_then(|name, state, caller| async move {
+                .and_then(|PathText(name), state, caller| async move {
                     respond(tenants::rotate_token(state, caller, name).await)
                 })
                 .boxed(),
         }
     }
+}
+
+/// Whether request path `path` is an instance of `template` (`/v1/tasks/{id}`): literal
+/// segments equal, `{id}` a task id (as the route parses it), any other `{...}` non-empty.
+fn matches_template(template: &str, path: &str) -> bool {
+    let (mut want, mut got) = (template.split('/'), path.split('/'));
+    loop {
+        match (want.next(), got.next()) {
+            (None, None) => return true,
+            (Some(w), Some(g)) => {
+                let matched = match w {
+                    "{id}" => g.parse::<TaskId>().is_ok(),
+                    w if w.starts_with('{') => !g.is_empty(),
+                    w => w == g,
+                };
+                if !matched {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+}
+
+fn method_name(method: HttpMethod) -> &'static str {
+    match method {
+        HttpMethod::Get => "GET",
+        HttpMethod::Post => "POST",
+        HttpMethod::Put => "PUT",
+        HttpMethod::Delete => "DELETE",
+        HttpMethod::Options => "OPTIONS",
+        HttpMethod::Head => "HEAD",
+        HttpMethod::Patch => "PATCH",
+        HttpMethod::Trace => "TRACE",
+    }
+}
+
+/// A 405 names the methods its path serves (`Allow`, which RFC 9110 requires of a 405).
+fn with_allow(path: FullPath, mut response: Response) -> Response {
+    if response.status() == StatusCode::METHOD_NOT_ALLOWED {
+        let allowed = Route::allowed_at(path.as_str()).join(", ");
+        if let (false, Ok(value)) = (allowed.is_empty(), HeaderValue::from_str(&allowed)) {
+            response.headers_mut().insert(header::ALLOW, value);
+        }
+    }
+    response
 }
 
 fn respond(answer: Answer) -> Result<Response, Rejection> {
@@ -300,15 +372,14 @@ pub fn routes(
         .iter()
         .fold(first.filter(&state), |served, next| served.or(next.filter(&state)).unify().boxed());
     // The dashboard (`/ui`) first: its pages answer HTML, never the API's JSON errors.
-    super::ui::routes(state.clone()).or(api).unify().recover(recover).unify().with(
-        warp::log::custom(|info| {
-            let (method, path, status) = (info.method(), info.path(), info.status().as_u16());
-            let elapsed_ms = info.elapsed().as_secs_f64() * 1000.0;
-            if status >= 500 {
-                tracing::warn!(%method, path, status, elapsed_ms, "admin API request failed");
-            } else {
-                tracing::debug!(%method, path, status, elapsed_ms, "admin API request");
-            }
-        }),
-    )
+    let served = super::ui::routes(state.clone()).or(api).unify().recover(recover).unify();
+    warp::path::full().and(served).map(with_allow).with(warp::log::custom(|info| {
+        let (method, path, status) = (info.method(), info.path(), info.status().as_u16());
+        let elapsed_ms = info.elapsed().as_secs_f64() * 1000.0;
+        if status >= 500 {
+            tracing::warn!(%method, path, status, elapsed_ms, "admin API request failed");
+        } else {
+            tracing::debug!(%method, path, status, elapsed_ms, "admin API request");
+        }
+    }))
 }

@@ -7,7 +7,8 @@
 //! alone; `sweep run` serves it next to a runner.
 //!
 //! Files: `config` (settings), `auth` (tokens, callers, tenant scoping), `body` (size-limited
-//! bodies), `params` (query strings, module limits), `models` (JSON bodies), `handlers/*`
+//! bodies), `json_input` (request JSON read as the OpenAPI document describes it), `params`
+//! (query strings, module limits), `models` (JSON bodies), `handlers/*`
 //! (one file per resource), `filters` (route table), `openapi` (the OpenAPI document built
 //! from that table), `error` (JSON errors, the `recover`), `ui/*` (the HTML dashboard at
 //! `/ui`, on the same auth and queue functions).
@@ -26,6 +27,7 @@ mod config;
 mod error;
 mod filters;
 mod handlers;
+mod json_input;
 mod models;
 mod openapi;
 mod params;

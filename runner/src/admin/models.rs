@@ -2,16 +2,18 @@
 //! into queue input.
 //!
 //! Invariants: request bodies reject unknown fields (a misspelt `delay_ms` is an error, not a
-//! task that runs now); strings Postgres cannot store (NUL characters) are refused here as
+//! task that runs now); integer fields read integers as JSON Schema counts them (`5.0` too,
+//! see `json_input`); strings Postgres cannot store (NUL characters) are refused here as
 //! bad input instead of failing in the database.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::error::ApiError;
+use super::json_input::{integer, optional_integer, present_integer};
 use super::params::EffectiveLimits;
 use crate::queue::{
     CapsChange, DeadTask, Enqueued, ModuleVersion, NewTask, RunnerInfo, TaskId, Tenant, TypeStats,
@@ -34,13 +36,15 @@ pub struct EnqueueRequest {
     #[schema(value_type = Object)]
     pub payload: Value,
     /// Higher runs first, within the task type; negative: only when nothing else is due.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integer")]
     pub priority: i32,
     /// When the task becomes due (2000-01-01 to ten years ahead); not with `delay_ms`.
     pub run_at: Option<DateTime<Utc>>,
     /// Due this many milliseconds from now (at most ten years); not with `run_at`.
+    #[serde(default, deserialize_with = "optional_integer")]
     pub delay_ms: Option<u64>,
     /// Default: the module's setting, else 5.
+    #[serde(default, deserialize_with = "optional_integer")]
     #[schema(minimum = 1, maximum = 1000)]
     pub max_attempts: Option<i32>,
     /// While a live task of the tenant holds this key, enqueueing it again answers that task.
@@ -87,6 +91,7 @@ fn has_nul(v: &Value) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActivateRequest {
+    #[serde(deserialize_with = "integer")]
     pub version: i32,
 }
 
@@ -94,6 +99,7 @@ pub struct ActivateRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WeightRequest {
+    #[serde(deserialize_with = "integer")]
     #[schema(minimum = 1, maximum = 10000)]
     pub weight: i32,
 }
@@ -104,34 +110,25 @@ pub struct WeightRequest {
 #[serde(deny_unknown_fields)]
 pub struct CapsRequest {
     /// Largest module the tenant may upload, in bytes.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "present_integer")]
     #[schema(value_type = Option<i64>, minimum = 1)]
     pub max_module_bytes: Option<Option<i64>>,
     /// Most fuel a module of this tenant may ask for.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "present_integer")]
     #[schema(value_type = Option<i64>, minimum = 1)]
     pub max_fuel: Option<Option<i64>>,
     /// Longest timeout a module of this tenant may ask for, in milliseconds.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "present_integer")]
     #[schema(value_type = Option<i64>, minimum = 1)]
     pub max_timeout_ms: Option<Option<i64>>,
     /// Most linear memory a module of this tenant may ask for, in bytes.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "present_integer")]
     #[schema(value_type = Option<i64>, minimum = 1)]
     pub max_memory_bytes: Option<Option<i64>>,
     /// Most tasks of this tenant running at once across all runners (0 pauses it).
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "present_integer")]
     #[schema(value_type = Option<i32>, minimum = 0)]
     pub max_running: Option<Option<i32>>,
-}
-
-/// A field that is present (`null` included): absent stays `None` through `#[serde(default)]`.
-fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Option::<T>::deserialize(deserializer).map(Some)
 }
 
 impl From<CapsRequest> for CapsChange {

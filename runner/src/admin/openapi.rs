@@ -137,10 +137,9 @@ pub fn serve() -> Response {
 }
 
 /// 400: malformed input (a body that does not parse or has unknown fields; a bad, zero,
-/// negative, repeated or unknown query parameter; a bad task type or tenant name; a tenant
-/// naming another tenant). Codes: `invalid_json`, `invalid_parameter`, `unknown_parameter`,
-/// `invalid_task_type`, `invalid_tenant`, `tenant_not_allowed`, `invalid_query`,
-/// `invalid_header`, `invalid_body`.
+/// negative, repeated or unknown query parameter; a bad task type or tenant name). Codes:
+/// `invalid_json`, `invalid_parameter`, `unknown_parameter`, `invalid_task_type`,
+/// `invalid_tenant`, `invalid_query`, `invalid_header`, `invalid_body`.
 #[derive(ToResponse)]
 #[allow(dead_code)] // describes answers; never built
 pub struct BadRequest(ErrorResponse);
@@ -150,7 +149,9 @@ pub struct BadRequest(ErrorResponse);
 #[allow(dead_code)] // describes answers; never built
 pub struct Unauthorized(ErrorResponse);
 
-/// 403: a tenant token on an operator route (`operator_only`).
+/// 403: the token may not do this: a tenant token on an operator route (`operator_only`) or
+/// naming another tenant (`tenant_not_allowed`); a read-only token on any route but `GET`
+/// (`read_only`).
 #[derive(ToResponse)]
 #[allow(dead_code)] // describes answers; never built
 pub struct Forbidden(ErrorResponse);

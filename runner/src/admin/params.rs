@@ -1,7 +1,10 @@
-//! Query parameters and module limits: parsing with errors that name the parameter, and the
-//! check of the limits an upload asks for against the runner's maxima and the tenant's caps.
+//! Query and path parameters and module limits: parsing with errors that name the
+//! parameter, and the check of the limits an upload asks for against the runner's maxima and
+//! the tenant's caps.
 //!
 //! Invariants:
+//! - a path segment that names something (a task type, a tenant) is percent-decoded first:
+//!   `hs%3Ak` is the task type `hs:k`, as clients encode it;
 //! - a malformed, zero or negative number, a repeated or an unknown parameter is a 400;
 //! - a well-formed limit above the runner maximum or the tenant's cap is a 422 that says
 //!   which bound it broke;
@@ -20,6 +23,20 @@ use crate::sandbox::{LimitOverrides, Limits, SandboxConfig};
 const MIB: u64 = 1024 * 1024;
 /// Longest backoff a module may ask for.
 pub const MAX_BACKOFF_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// A path segment as text, percent-decoded (a route takes it with `warp::path!`). Bytes that
+/// are not UTF-8 become U+FFFD, which no name allows: the route's check refuses it by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathText(pub String);
+
+impl std::str::FromStr for PathText {
+    type Err = std::convert::Infallible;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        let decoded = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
+        Ok(PathText(decoded.into_owned()))
+    }
+}
 
 /// A query string as `(name, value)` pairs, consumed parameter by parameter.
 #[derive(Debug)]
@@ -57,10 +74,11 @@ impl Query {
         }
     }
 
+    /// `true`, `false`, `1` or `0`; an empty value (`?all=`, `?all`) is no boolean.
     pub fn take_bool(&mut self, name: &str) -> Result<Option<bool>, ApiError> {
         let Some(raw) = self.take(name) else { return Ok(None) };
         match raw.as_str() {
-            "true" | "1" | "" => Ok(Some(true)),
+            "true" | "1" => Ok(Some(true)),
             "false" | "0" => Ok(Some(false)),
             _ => Err(ApiError::bad_request(
                 "invalid_parameter",
@@ -332,6 +350,27 @@ mod tests {
         let pairs = vec![("fuel".to_string(), "1".to_string()), ("fuel".into(), "2".into())];
         assert_eq!(Query::new(pairs).unwrap_err().status.as_u16(), 400);
         assert_eq!(requested(&[("memory_mb", "16")]).unwrap().memory_mb, Some(16));
+    }
+
+    #[test]
+    fn path_segments_are_percent_decoded() {
+        let text = |raw: &str| raw.parse::<PathText>().unwrap().0;
+        assert_eq!(text("hs%3Ak"), "hs:k");
+        assert_eq!(text("plain.name-1_x"), "plain.name-1_x");
+        assert_eq!(text("a%20b"), "a b");
+        assert_eq!(text("%FF"), "\u{fffd}");
+        assert_eq!(text("50%"), "50%", "a stray % stays as it is");
+    }
+
+    #[test]
+    fn booleans_are_spelt_out() {
+        for (raw, want) in [("true", true), ("1", true), ("false", false), ("0", false)] {
+            assert_eq!(query(&[("all", raw)]).take_bool("all").unwrap(), Some(want));
+        }
+        for bad in ["", "yes", "TRUE"] {
+            let e = query(&[("all", bad)]).take_bool("all").unwrap_err();
+            assert_eq!((e.status.as_u16(), e.code), (400, "invalid_parameter"), "{bad:?}");
+        }
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub struct Answer {
     pub json: Value,
     pub text: String,
     pub content_type: String,
+    pub headers: warp::http::HeaderMap,
 }
 
 impl Answer {
@@ -115,7 +116,8 @@ impl Api {
             .to_owned();
         let text = String::from_utf8_lossy(response.body()).into_owned();
         let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Answer { status, json, text, content_type }
+        let headers = response.headers().clone();
+        Answer { status, json, text, content_type, headers }
     }
 
     pub async fn get(&self, path: &str, token: Option<&str>) -> Answer {

@@ -59,6 +59,7 @@ fn check_task_type(task_type: &str) -> Result<(), ApiError> {
         (status = 200, description = "Identical bytes and limits were registered: that version is active again", body = UploadResponse),
         (status = 400, response = doc::BadRequest),
         (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
         (status = 413, response = doc::TooLarge),
         (status = 415, response = doc::UnsupportedMediaType),
@@ -156,6 +157,7 @@ async fn validate(
         (status = 200, description = "The active version of each task type (every version with `all`)", body = ModulesResponse),
         (status = 400, response = doc::BadRequest),
         (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
         (status = 500, response = doc::Internal),
     )
 )]
@@ -180,6 +182,7 @@ pub async fn list(state: AdminState, caller: Caller, query: Vec<(String, String)
         (status = 200, description = "Every version, newest first", body = ModulesResponse),
         (status = 400, response = doc::BadRequest),
         (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
         (status = 500, response = doc::Internal),
     )
@@ -220,6 +223,7 @@ fn no_module(task_type: &str) -> ApiError {
         (status = 200, description = "That version, now active", body = ModuleVersion),
         (status = 400, response = doc::BadRequest),
         (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
         (status = 413, response = doc::TooLarge),
         (status = 415, response = doc::UnsupportedMediaType),

@@ -36,6 +36,7 @@ pub const MAX_DEAD_PAGE: u64 = 1000;
         (status = 200, description = "A page of dead tasks in id order", body = DeadPage),
         (status = 400, response = doc::BadRequest),
         (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
         (status = 500, response = doc::Internal),
     )
 )]
@@ -86,6 +87,7 @@ pub async fn dead(state: AdminState, caller: Caller, query: Vec<(String, String)
     responses(
         (status = 200, description = "The task, pending again", body = TaskView),
         (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
         (status = 409, response = doc::Conflict),
         (status = 500, response = doc::Internal),
@@ -109,6 +111,7 @@ pub async fn requeue(state: AdminState, caller: Caller, id: TaskId) -> Answer {
         (status = 200, description = "Per tenant and task type, and the runners", body = StatsResponse),
         (status = 400, response = doc::BadRequest),
         (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
         (status = 500, response = doc::Internal),
     )
 )]

@@ -72,6 +72,7 @@ async fn check_modules(
         (status = 200, description = "A live task holds the `dedup_key`: its id, nothing created", body = Enqueued),
         (status = 400, response = doc::BadRequest),
         (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
         (status = 413, response = doc::TooLarge),
         (status = 415, response = doc::UnsupportedMediaType),
@@ -111,6 +112,7 @@ pub async fn enqueue(
         (status = 201, description = "One entry per task, in input order (`created: false` where a live task held the `dedup_key`)", body = BatchResponse),
         (status = 400, response = doc::BadRequest),
         (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
         (status = 413, response = doc::TooLarge),
         (status = 415, response = doc::UnsupportedMediaType),
@@ -178,6 +180,7 @@ pub async fn show(state: AdminState, caller: Caller, id: TaskId) -> Answer {
     responses(
         (status = 200, description = "The task, now cancelled", body = TaskView),
         (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
         (status = 409, response = doc::Conflict),
         (status = 500, response = doc::Internal),

@@ -33,7 +33,7 @@ use warp::{Filter, Rejection};
 use self::layout::{error_page, see_other};
 use self::session::{NoSession, Session};
 use super::error::ApiError;
-use super::params::Query;
+use super::params::{PathText, Query};
 use super::AdminState;
 use crate::queue::TaskId;
 
@@ -238,12 +238,12 @@ pub fn routes(state: AdminState) -> BoxedFilter<(Response,)> {
         .and(cookie())
         .and(q())
         .then(|state, cookie, q| get(state, cookie, q, manage::modules));
-    let activate = warp::path!("modules" / String / String / "activate")
+    let activate = warp::path!("modules" / PathText / PathText / "activate")
         .and(warp::post())
         .and(with(&state))
         .and(post_meta())
         .and(form())
-        .then(|tenant, task_type, state, meta, form| {
+        .then(|PathText(tenant), PathText(task_type), state, meta, form| {
             post(state, meta, form, move |state, s, form| {
                 manage::activate(state, s, tenant, task_type, form)
             })
@@ -254,12 +254,12 @@ pub fn routes(state: AdminState) -> BoxedFilter<(Response,)> {
         .and(cookie())
         .and(q())
         .then(|state, cookie, q| get(state, cookie, q, manage::tenants));
-    let weight = warp::path!("tenants" / String / "weight")
+    let weight = warp::path!("tenants" / PathText / "weight")
         .and(warp::post())
         .and(with(&state))
         .and(post_meta())
         .and(form())
-        .then(|name, state, meta, form| {
+        .then(|PathText(name), state, meta, form| {
             post(state, meta, form, move |state, s, form| manage::set_weight(state, s, name, form))
         });
 
