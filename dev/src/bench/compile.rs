@@ -82,6 +82,13 @@ pub async fn compile(url: &str, args: &CompileArgs) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
     wait_healthy(&http, &base).await?;
     let rss_before = proc_status_kib(pid, "VmRSS:")?;
+    // The same probes without a compile, for comparison (the host may be busy otherwise).
+    let mut idle = Vec::new();
+    let idle_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < idle_until {
+        idle.push(probe(&http, &base).await?);
+        tokio::time::sleep(Duration::from_millis(args.probe_ms)).await;
+    }
 
     let upload = {
         let (http, base, token) = (http.clone(), base.clone(), token.clone());
@@ -133,14 +140,16 @@ pub async fn compile(url: &str, args: &CompileArgs) -> anyhow::Result<()> {
         rss_during >> 10,
         rss_after >> 10
     );
-    latencies.sort();
-    println!(
-        "/healthz while compiling: {} probes, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-        latencies.len(),
-        percentile(&latencies, 0.50),
-        percentile(&latencies, 0.99),
-        latencies.last().map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
-    );
+    for (what, mut probes) in [("before the upload", idle), ("while compiling", latencies)] {
+        probes.sort();
+        println!(
+            "/healthz {what}: {} probes, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            probes.len(),
+            percentile(&probes, 0.50),
+            percentile(&probes, 0.99),
+            probes.last().map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+        );
+    }
 
     if status.is_success() {
         let compiles = gauge(&metrics, sweep::metrics::MODULE_COMPILES).unwrap_or(f64::NAN);
@@ -165,6 +174,16 @@ fn start_runner(sweep: &Path, url: &str, port: u16) -> anyhow::Result<RunnerProc
         .spawn()
         .with_context(|| format!("starting {}", sweep.display()))?;
     Ok(RunnerProcess(child))
+}
+
+/// One `/healthz` round trip.
+async fn probe(http: &reqwest::Client, base: &str) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let answer = http.get(format!("{base}/healthz")).send().await?;
+    if !answer.status().is_success() {
+        bail!("/healthz answered {}", answer.status());
+    }
+    Ok(started.elapsed())
 }
 
 async fn wait_healthy(http: &reqwest::Client, base: &str) -> anyhow::Result<()> {

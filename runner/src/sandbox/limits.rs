@@ -269,7 +269,7 @@ mod tests {
         let limits = CompileLimits { max_function_bytes: 8, ..CompileLimits::default() };
         let big = wat::parse_str("(module (func) (func nop nop nop nop nop nop nop nop))").unwrap();
         let e = check_structure(&big, &limits).unwrap_err();
-        assert_eq!(e, LimitExceeded::FunctionBytes { index: 1, size: 11, limit: 8 });
+        assert_eq!(e, LimitExceeded::FunctionBytes { index: 1, size: 10, limit: 8 });
 
         let limits = CompileLimits { max_locals: 4, ..CompileLimits::default() };
         let locals =
