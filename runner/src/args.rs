@@ -1,6 +1,8 @@
 //! Command-line argument groups shared by the `sweep` binary and the development tools
 //! (`sweep-bench`): the runner's settings, each flag with its environment variable, parsed
-//! into the plain [`WorkerConfig`].
+//! into the plain [`WorkerConfig`], and the compile limits ([`CompileArgs`]) that `sweep run`
+//! and `sweep admin` share. The compiler stays in process here; the `sweep` binary points it
+//! at its own `compile-module` subcommand.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -8,8 +10,70 @@ use sqlx::postgres::PgConnectOptions;
 
 use crate::{
     config::{MaintenanceConfig, WorkerConfig},
-    sandbox::{Limits, SandboxConfig},
+    sandbox::{CompileLimits, Limits, SandboxConfig},
 };
+
+/// What a module may be and cost to compile, at upload or at its first run; every flag has an
+/// environment variable. Over any of them, an upload is refused with 422
+/// `module_limit_exceeded`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CompileArgs {
+    /// Most functions a module may define.
+    #[arg(long, env = "SWEEP_MAX_FUNCTIONS", default_value_t = crate::sandbox::DEFAULT_MAX_FUNCTIONS)]
+    pub max_functions: u32,
+    /// Most KiB of function bodies (the code section) in a module.
+    #[arg(long, env = "SWEEP_MAX_CODE_KIB", default_value_t = crate::sandbox::DEFAULT_MAX_CODE_BYTES >> 10)]
+    pub max_code_kib: u64,
+    /// Most KiB in one function body.
+    #[arg(long, env = "SWEEP_MAX_FUNCTION_KIB", default_value_t = crate::sandbox::DEFAULT_MAX_FUNCTION_BYTES >> 10)]
+    pub max_function_kib: u64,
+    /// Most locals one function may declare.
+    #[arg(long, env = "SWEEP_MAX_LOCALS", default_value_t = crate::sandbox::DEFAULT_MAX_LOCALS)]
+    pub max_locals: u32,
+    /// CPU seconds one compile may use (all its threads together).
+    #[arg(long, env = "SWEEP_COMPILE_CPU_SECS", default_value_t = crate::sandbox::DEFAULT_COMPILE_CPU.as_secs())]
+    pub compile_cpu_secs: u64,
+    /// MiB of address space one compile may map.
+    #[arg(long, env = "SWEEP_COMPILE_MEMORY_MB", default_value_t = crate::sandbox::DEFAULT_COMPILE_MEMORY_BYTES >> 20)]
+    pub compile_memory_mb: u64,
+    /// Seconds after which a compile is killed, however little CPU it got.
+    #[arg(long, env = "SWEEP_COMPILE_WALL_SECS", default_value_t = crate::sandbox::DEFAULT_COMPILE_WALL.as_secs())]
+    pub compile_wall_secs: u64,
+    /// Compiles that run at once in this process (uploads and first runs together).
+    #[arg(long, env = "SWEEP_COMPILE_CONCURRENCY", default_value_t = crate::sandbox::DEFAULT_MAX_CONCURRENT_COMPILES)]
+    pub compile_concurrency: usize,
+}
+
+impl Default for CompileArgs {
+    fn default() -> Self {
+        let d = CompileLimits::default();
+        CompileArgs {
+            max_functions: d.max_functions,
+            max_code_kib: d.max_code_bytes >> 10,
+            max_function_kib: d.max_function_bytes >> 10,
+            max_locals: d.max_locals,
+            compile_cpu_secs: d.cpu.as_secs(),
+            compile_memory_mb: d.memory_bytes >> 20,
+            compile_wall_secs: d.wall.as_secs(),
+            compile_concurrency: d.max_concurrent,
+        }
+    }
+}
+
+impl CompileArgs {
+    pub fn to_limits(&self) -> CompileLimits {
+        CompileLimits {
+            max_functions: self.max_functions,
+            max_code_bytes: self.max_code_kib.saturating_mul(1 << 10),
+            max_function_bytes: self.max_function_kib.saturating_mul(1 << 10),
+            max_locals: self.max_locals,
+            cpu: Duration::from_secs(self.compile_cpu_secs),
+            memory_bytes: self.compile_memory_mb.saturating_mul(1 << 20),
+            wall: Duration::from_secs(self.compile_wall_secs),
+            max_concurrent: self.compile_concurrency,
+        }
+    }
+}
 
 /// Runner settings; every flag has an environment variable.
 #[derive(Debug, clap::Args)]
@@ -84,6 +148,8 @@ pub struct WorkerArgs {
     /// Most MiB of reports kept while Postgres is unreachable (the oldest are given up first).
     #[arg(long, env = "SWEEP_REPORT_BUFFER_MB", default_value_t = crate::config::DEFAULT_REPORT_BUFFER_BYTES >> 20)]
     pub report_buffer_mb: usize,
+    #[command(flatten)]
+    pub compile: CompileArgs,
 }
 
 impl WorkerArgs {
@@ -122,6 +188,7 @@ impl WorkerArgs {
                     .unwrap_or(u32::MAX),
                 defaults,
                 maxima,
+                compile: self.compile.to_limits(),
                 ..SandboxConfig::default()
             },
             maintenance: MaintenanceConfig {

@@ -6,9 +6,19 @@ mod cli;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = cli::Cli::parse();
+    // A compiler child: no runtime, no tracing; its limits go on before anything else.
+    if let cli::Command::CompileModule(compile) = &args.command {
+        std::process::exit(sweep::sandbox::compile_module_main(
+            compile.cpu_secs,
+            compile.memory_bytes,
+        ));
+    }
+    tokio::runtime::Runtime::new()?.block_on(run(args))
+}
+
+async fn run(args: cli::Cli) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")),

@@ -50,6 +50,13 @@ pub const OLDEST_DUE: &str = "sweep_oldest_due_seconds";
 /// Gauge: runners registered (alive or not yet pruned), set at scrape time.
 pub const RUNNERS: &str = "sweep_runners";
 
+/// Counter: module compiles started (past the structural limits), uploads and first runs.
+pub const MODULE_COMPILES: &str = "sweep_module_compiles_total";
+/// Gauge: CPU seconds the last compile in a child process used.
+pub const MODULE_COMPILE_CPU: &str = "sweep_module_compile_cpu_seconds";
+/// Gauge: peak resident bytes of the last compile in a child process.
+pub const MODULE_COMPILE_PEAK_RSS: &str = "sweep_module_compile_peak_rss_bytes";
+
 /// Label of [`TASK_OUTCOMES`].
 pub const LABEL_KIND: &str = "kind";
 pub const LABEL_TENANT: &str = "tenant";
@@ -133,6 +140,13 @@ fn describe() {
     describe_gauge!(TASKS, Unit::Count, "Tasks by tenant, task type and state (dead included).");
     describe_gauge!(OLDEST_DUE, Unit::Seconds, "Age of the oldest due task, by type.");
     describe_gauge!(RUNNERS, Unit::Count, "Runners registered in the database.");
+    describe_counter!(
+        MODULE_COMPILES,
+        Unit::Count,
+        "Module compiles started (uploads, first runs)."
+    );
+    describe_gauge!(MODULE_COMPILE_CPU, Unit::Seconds, "CPU time of the last child compile.");
+    describe_gauge!(MODULE_COMPILE_PEAK_RSS, Unit::Bytes, "Peak RSS of the last child compile.");
 }
 
 /// Label sets of [`TASKS`] set by the previous scrape, so vanished ones can be zeroed.

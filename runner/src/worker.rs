@@ -142,6 +142,11 @@ impl Worker {
         &self.sandbox
     }
 
+    /// The runner's compiled-module cache (the admin API served next to it fills it).
+    pub fn modules(&self) -> &ModuleCache {
+        &self.modules
+    }
+
     /// Runs until `shutdown` resolves, then stops claiming, lets running tasks finish within
     /// the grace period, hands the rest back, flushes reports and deregisters.
     pub async fn run(

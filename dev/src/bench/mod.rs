@@ -6,6 +6,8 @@
 //!   wake-up latency distribution (enqueue commit to attempt start, NOTIFY path).
 //!
 //! - `fairness`: tenants and task types sharing one runner (see `bench/fairness.rs`).
+//! - `compile`: the costliest module the compile limits admit, against a `sweep run`
+//!   process (see `bench/compile.rs`).
 //!
 //! Latencies are measured in the database's own clock (`started_at - run_at`), so client and
 //! server clocks never mix. Every task runs in a fresh Wasm instance with every limit on.
@@ -27,6 +29,7 @@ use sweep::args::{default_modules_dir, WorkerArgs};
 
 use crate::fixtures;
 
+pub mod compile;
 pub mod fairness;
 
 #[derive(Debug, clap::Parser)]
@@ -93,6 +96,9 @@ pub enum BenchMode {
     /// Tenants sharing a runner: noisy neighbour, weighted shares, cost with 1,000 tenants,
     /// control-plane latency with every slot spinning.
     Fairness(fairness::FairnessArgs),
+    /// The costliest module the compile limits admit, uploaded to a `sweep run` process: its
+    /// compile time and memory, the runner's RSS, `/healthz` latency meanwhile.
+    Compile(compile::CompileArgs),
 }
 
 const ENQUEUE_CHUNK: usize = 10_000;
@@ -103,6 +109,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchMode::Fairness(fair) => {
             return fairness::fairness(url, &args.modules_dir, &fair).await
         }
+        BenchMode::Compile(compile) => return compile::compile(url, &compile).await,
         mode => mode,
     };
     let store = fresh_database(url).await?;
@@ -127,6 +134,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         }
         BenchMode::Latency { tasks, rate, worker } => latency(&store, tasks, rate, &worker).await,
         BenchMode::Fairness(fair) => fairness::fairness(url, &args.modules_dir, &fair).await,
+        BenchMode::Compile(compile) => compile::compile(url, &compile).await,
     }
 }
 

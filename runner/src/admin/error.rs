@@ -126,6 +126,9 @@ impl From<TenantError> for ApiError {
 
 impl From<ValidationError> for ApiError {
     fn from(e: ValidationError) -> Self {
+        if let ValidationError::CompilerFailed { .. } = &e {
+            return Self::internal("compiling a module", &e);
+        }
         let code = match &e {
             ValidationError::NotWasm => "not_wasm",
             ValidationError::NotCoreModule => "not_core_module",
@@ -136,6 +139,7 @@ impl From<ValidationError> for ApiError {
             ValidationError::ForbiddenImport { .. } => "forbidden_import",
             ValidationError::UnknownImport { .. } => "unknown_import",
             ValidationError::MemoryTooLarge { .. } => "memory_too_large",
+            ValidationError::LimitExceeded(_) => "module_limit_exceeded",
             _ => "invalid_module",
         };
         // The source (e.g. wasmtime's "unexpected end of section") says what is wrong with

@@ -8,7 +8,8 @@
 //!
 //! Files: `config` (settings), `auth` (tokens, callers, tenant scoping), `body` (size-limited
 //! bodies), `json_input` (request JSON read as the OpenAPI document describes it), `params`
-//! (query strings, module limits), `models` (JSON bodies), `handlers/*`
+//! (query strings, module limits), `turns` (one compile per tenant), `models` (JSON bodies),
+//! `handlers/*`
 //! (one file per resource), `filters` (route table), `openapi` (the OpenAPI document built
 //! from that table), `error` (JSON errors, the `recover`), `ui/*` (the HTML dashboard at
 //! `/ui`, on the same auth and queue functions).
@@ -19,7 +20,9 @@
 //!   token only ever reads or writes its own tenant's rows; others answer 404 as if absent;
 //! - bad input is a 4xx JSON error, never a 500 or a panic; request bodies are size-limited;
 //! - database errors are logged and shown as "internal error";
-//! - module validation (a compile) never runs on an async worker thread.
+//! - module validation (a compile) never runs on an async worker thread; it goes through the
+//!   sandbox's compiler (structural limits, then a budgeted child process), one per tenant at
+//!   a time (`turns`), and what it compiled is handed to the runner's cache when there is one.
 
 mod auth;
 mod body;
@@ -31,6 +34,7 @@ mod json_input;
 mod models;
 mod openapi;
 mod params;
+mod turns;
 mod ui;
 
 use std::fmt;
@@ -57,7 +61,7 @@ pub use openapi::{document, document_json};
 pub use params::{EffectiveLimits, MAX_BACKOFF_MS};
 
 use crate::queue::{Role, Store};
-use crate::sandbox::Sandbox;
+use crate::sandbox::{ModuleCache, Sandbox};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -89,6 +93,10 @@ struct Inner {
     operator_token_hash: Option<String>,
     metrics: Option<PrometheusHandle>,
     validation_slots: Arc<Semaphore>,
+    compile_turns: Arc<turns::CompileTurns>,
+    /// The runner's module cache, when the API is served next to a runner: an upload's
+    /// compiled module goes there, so its first task does not compile it again.
+    modules: Option<ModuleCache>,
     /// Per-process random key the dashboard derives CSRF tokens from (see `ui::session`).
     ui_key: [u8; 32],
 }
@@ -111,6 +119,27 @@ impl AdminState {
     /// `store` must be opened for [`Role::Admin`]: the API's reads never take the runner's
     /// connections.
     pub fn new(store: &Store, sandbox: Sandbox, config: AdminConfig) -> Result<Self, AdminError> {
+        Self::build(store, sandbox, None, config)
+    }
+
+    /// [`Self::new`] for the API served next to a runner: `sandbox` is the runner's and
+    /// `modules` its cache (built on that sandbox), which receives every module an upload
+    /// compiled, so the runner does not compile it a second time.
+    pub fn for_runner(
+        store: &Store,
+        sandbox: Sandbox,
+        modules: ModuleCache,
+        config: AdminConfig,
+    ) -> Result<Self, AdminError> {
+        Self::build(store, sandbox, Some(modules), config)
+    }
+
+    fn build(
+        store: &Store,
+        sandbox: Sandbox,
+        modules: Option<ModuleCache>,
+        config: AdminConfig,
+    ) -> Result<Self, AdminError> {
         config.validate()?;
         if store.role() != Role::Admin {
             return Err(AdminError::WrongRole(store.role()));
@@ -133,6 +162,8 @@ impl AdminState {
                 operator_token_hash,
                 metrics,
                 validation_slots,
+                compile_turns: Arc::default(),
+                modules,
                 ui_key: ui::new_key(),
             }),
         })
@@ -165,6 +196,15 @@ impl AdminState {
 
     fn validation_slots(&self) -> Arc<Semaphore> {
         Arc::clone(&self.inner.validation_slots)
+    }
+
+    fn compile_turns(&self) -> &Arc<turns::CompileTurns> {
+        &self.inner.compile_turns
+    }
+
+    /// The runner's module cache, when served next to a runner.
+    pub fn modules(&self) -> Option<&ModuleCache> {
+        self.inner.modules.as_ref()
     }
 }
 

@@ -162,8 +162,9 @@ pub struct Forbidden(ErrorResponse);
 #[allow(dead_code)] // describes answers; never built
 pub struct NotFound(ErrorResponse);
 
-/// 409: the task's state does not allow this (`not_cancellable`), or its dedup key is held by
-/// a live task (`dedup_key_taken`).
+/// 409: the task's state does not allow this (`not_cancellable`), its dedup key is held by
+/// a live task (`dedup_key_taken`), or another module of the tenant is being compiled
+/// (`compile_in_progress`: upload again once that upload has answered).
 #[derive(ToResponse)]
 #[allow(dead_code)] // describes answers; never built
 pub struct Conflict(ErrorResponse);
@@ -183,7 +184,9 @@ pub struct UnsupportedMediaType(ErrorResponse);
 /// memory limit, limits above the runner maxima or tenant caps, an invalid task, a task type
 /// without a module, an out-of-range value. Codes: `not_wasm`, `invalid_wasm`,
 /// `not_core_module`, `missing_start`, `bad_start_signature`, `missing_memory_export`,
-/// `forbidden_import`, `unknown_import`, `memory_too_large`, `validation_timeout`,
+/// `forbidden_import`, `unknown_import`, `memory_too_large`, `module_limit_exceeded` (over a
+/// structural limit or the compile budget; the message names the limit and the value),
+/// `validation_timeout`,
 /// `limit_too_high`, `invalid_backoff`, `invalid_task`, `unknown_task_type`,
 /// `batch_too_large`, `invalid_tenant`.
 #[derive(ToResponse)]

@@ -113,7 +113,8 @@ async fn run_demo(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
     queue::migrate(url).await.context("creating the demo database")?;
     let store = Store::open(url, Role::Runner, 8).await.context("opening the demo database")?;
     let pool = store.pool().clone();
-    let worker = Worker::new(&store, args.worker.to_config()).context("starting the runner")?;
+    let worker = Worker::new(&store, super::serve::worker_config(&args.worker)?)
+        .context("starting the runner")?;
 
     println!("== registering modules from {}", args.modules_dir.display());
     for (task_type, file, settings) in modules() {

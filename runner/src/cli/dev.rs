@@ -83,7 +83,7 @@ async fn serve_dev(
     pg: Option<&LocalPostgres>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let config = args.worker.to_config();
+    let config = serve::worker_config(&args.worker)?;
     queue::migrate(url).await.context("migrating the database")?;
     let listen = args.worker.listen_options().context("invalid --listen-url (SWEEP_LISTEN_URL)")?;
     let connect = StoreOptions { listen, ..StoreOptions::default() };

@@ -92,6 +92,28 @@ pub enum Command {
     /// List or requeue dead tasks.
     #[command(subcommand)]
     Dead(client::DeadCommand),
+    /// Internal: compile the module on stdin to stdout under a CPU and memory budget (the
+    /// runner and the admin API start this for every compile).
+    #[command(name = "compile-module", hide = true)]
+    CompileModule(CompileModuleArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompileModuleArgs {
+    /// RLIMIT_CPU, in seconds.
+    #[arg(long)]
+    pub cpu_secs: u64,
+    /// RLIMIT_AS, in bytes.
+    #[arg(long)]
+    pub memory_bytes: u64,
+}
+
+/// Where this binary compiles modules: in a child process of itself.
+pub fn child_compiler() -> anyhow::Result<sweep::sandbox::CompilerKind> {
+    use anyhow::Context;
+    let program =
+        std::env::current_exe().context("finding this executable to compile modules with")?;
+    Ok(sweep::sandbox::CompilerKind::Child { program })
 }
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
@@ -107,5 +129,10 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Task(command) => client::task(command).await,
         Command::Stats(args) => client::stats(args).await,
         Command::Dead(command) => client::dead(command).await,
+        // main runs it before any runtime starts; here only for completeness.
+        Command::CompileModule(args) => std::process::exit(sweep::sandbox::compile_module_main(
+            args.cpu_secs,
+            args.memory_bytes,
+        )),
     }
 }

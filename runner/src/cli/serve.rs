@@ -62,11 +62,18 @@ pub struct RunArgs {
     pub no_admin: bool,
 }
 
+/// The runner settings of `args`, compiling modules in child processes of this binary.
+pub fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
+    let mut config = args.to_config();
+    config.sandbox.compiler = super::child_compiler()?;
+    Ok(config)
+}
+
 /// Connections of the admin API served next to a runner.
 const ADMIN_CONNECTIONS: u32 = 4;
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let config = args.worker.to_config();
+    let config = worker_config(&args.worker)?;
     config.validate().context("invalid runner settings")?;
     let admin = (!args.no_admin).then_some(&args.admin);
     let listen = args.worker.listen_options().context("invalid --listen-url (SWEEP_LISTEN_URL)")?;
@@ -147,9 +154,13 @@ impl Runner {
                     .await
                     .context("opening the database for the admin API")?;
                 // Built before the runner starts, so the metrics recorder sees every task.
-                let state =
-                    AdminState::new(&admin_store, worker.sandbox().clone(), args.to_config())
-                        .context("setting up the admin API")?;
+                let state = AdminState::for_runner(
+                    &admin_store,
+                    worker.sandbox().clone(),
+                    worker.modules().clone(),
+                    args.to_config(),
+                )
+                .context("setting up the admin API")?;
                 let listener = tokio::net::TcpListener::bind(args.admin_addr)
                     .await
                     .with_context(|| format!("binding the admin API to {}", args.admin_addr))?;

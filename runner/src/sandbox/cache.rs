@@ -114,6 +114,14 @@ impl ModuleCache {
         Ok(Arc::new(compiled))
     }
 
+    /// Caches `module`, compiled elsewhere (an upload's validation), under its sha256, so the
+    /// first task that runs it does not compile it again. An entry already there is kept.
+    pub fn insert_compiled(&self, module: Arc<CompiledModule>) {
+        let slot = self.slot(module.sha256());
+        // Err: the slot already holds a module compiled from the same bytes.
+        let _ = slot.set(module);
+    }
+
     /// Drops the entry for `sha256`; returns whether there was a compiled module.
     pub fn remove(&self, sha256: &str) -> bool {
         self.slots().remove(sha256).is_some_and(|slot| slot.initialized())

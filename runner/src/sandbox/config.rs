@@ -15,6 +15,9 @@
 
 use std::time::Duration;
 
+use super::compiler::CompilerKind;
+use super::limits::CompileLimits;
+
 /// Runner default: fuel units per task (roughly one unit per executed wasm operator).
 pub const DEFAULT_FUEL: u64 = 2_000_000_000;
 /// Runner default: wall-clock budget per task.
@@ -195,6 +198,10 @@ pub struct SandboxConfig {
     pub defaults: Limits,
     /// Caps no override can exceed.
     pub maxima: Limits,
+    /// What a module may be and cost to compile (structural limits, compile budget).
+    pub compile: CompileLimits,
+    /// Where modules are compiled.
+    pub compiler: CompilerKind,
 }
 
 impl Default for SandboxConfig {
@@ -205,6 +212,8 @@ impl Default for SandboxConfig {
             epoch_tick: DEFAULT_EPOCH_TICK,
             defaults: Limits::DEFAULT,
             maxima: Limits::MAXIMA,
+            compile: CompileLimits::default(),
+            compiler: CompilerKind::default(),
         }
     }
 }
@@ -228,6 +237,9 @@ impl SandboxConfig {
         }
         self.defaults.check_nonzero()?;
         self.maxima.check_nonzero()?;
+        if let Some(field) = self.compile.zero_field() {
+            return Err(ConfigError::Zero { field });
+        }
         if self.maxima.timeout > TIMEOUT_LIMIT {
             return Err(ConfigError::OutOfRange {
                 field: "maxima.timeout",

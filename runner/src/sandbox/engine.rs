@@ -68,7 +68,9 @@ pub(crate) fn build_engine(
     Ok((engine, AllocatorKind::OnDemand))
 }
 
-fn base_config() -> Config {
+/// The engine settings every compile uses: the runner's engine and the compiler child's
+/// (`compiler`), so an artifact the child writes loads into the runner's engine.
+pub(crate) fn base_config() -> Config {
     let mut c = Config::new();
     c.consume_fuel(true)
         .epoch_interruption(true)

@@ -13,15 +13,18 @@
 //! - compile once (per sha256), instantiate per task: the linker is built once per
 //!   `Sandbox`, modules are kept as `InstancePre`, each run gets a fresh `Store`.
 //!
-//! Files: `config` (settings, limits), `engine` (engine + ticker), `module` (validation,
-//! compiled form), `cache` (sha256 -> compiled), `store` (per-task state), `run` (one task),
+//! Files: `config` (settings, limits), `engine` (engine + ticker), `limits` (structural
+//! limits, compile budget), `compiler` (where compiles run: child process or in process),
+//! `module` (validation, compiled form), `cache` (sha256 -> compiled), `store` (per-task state), `run` (one task),
 //! `pipes` (bounded stdio), `outcome` (classification).
 
 mod cache;
+mod compiler;
 mod config;
 #[cfg(test)]
 mod cost_tests;
 mod engine;
+mod limits;
 mod module;
 mod outcome;
 mod pipes;
@@ -34,12 +37,21 @@ use std::sync::Arc;
 use wasmtime::{Engine, Linker};
 
 pub use cache::ModuleCache;
+pub use compiler::{
+    compile_module_main, CompileStats, CompilerKind, COMPILE_NICE, COMPILE_SUBCOMMAND,
+};
 pub use config::{
     ConfigError, LimitOverrides, Limits, SandboxConfig, DEFAULT_EPOCH_TICK, DEFAULT_FUEL,
     DEFAULT_MAX_CONCURRENCY, DEFAULT_MEMORY_BYTES, DEFAULT_OUTPUT_BYTES, DEFAULT_TIMEOUT, MAX_FUEL,
     MAX_MEMORY_BYTES, MAX_OUTPUT_BYTES, MAX_TIMEOUT,
 };
 pub use engine::AllocatorKind;
+pub use limits::{
+    check_structure, CompileLimits, LimitExceeded, DEFAULT_COMPILE_CPU,
+    DEFAULT_COMPILE_MEMORY_BYTES, DEFAULT_COMPILE_WALL, DEFAULT_MAX_CODE_BYTES,
+    DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_FUNCTIONS, DEFAULT_MAX_FUNCTION_BYTES,
+    DEFAULT_MAX_LOCALS,
+};
 pub use module::{
     sha256_hex, CompiledModule, ModuleInfo, ValidationError, START_EXPORT, WASI_MODULE,
 };
@@ -47,6 +59,9 @@ pub use outcome::{Execution, Outcome, TrapCause, MESSAGE_MAX_BYTES, PERMANENT_EX
 pub use run::{CAPACITY_WAIT, STDERR_TAIL_BYTES};
 pub use store::TaskInput;
 
+pub(crate) use module::check_initial_memory;
+
+use compiler::Compiler;
 use store::StoreState;
 
 /// A boxed error source (wasmtime's own error type is not a `std::error::Error`).
@@ -103,6 +118,7 @@ struct Inner {
     engine: Engine,
     linker: Linker<StoreState>,
     allocator: AllocatorKind,
+    compiler: Compiler,
     config: SandboxConfig,
 }
 
@@ -129,7 +145,8 @@ impl Sandbox {
         // Detached: the thread ends by itself once the last engine clone is dropped.
         let _ticker = engine::spawn_epoch_ticker(&engine, config.epoch_tick)?;
         tracing::info!(%allocator, max_concurrency = config.max_concurrency, "sandbox ready");
-        Ok(Sandbox { inner: Arc::new(Inner { engine, linker, allocator, config }) })
+        let compiler = Compiler::new(config.compiler.clone(), config.compile);
+        Ok(Sandbox { inner: Arc::new(Inner { engine, linker, allocator, compiler, config }) })
     }
 
     /// Which instance allocator is in use.
@@ -150,7 +167,7 @@ impl Sandbox {
     /// Checks `bytes` against the guest contract (by compiling it) and describes it.
     /// CPU-heavy: from async code, call it inside `spawn_blocking`.
     pub fn validate_module(&self, bytes: &[u8]) -> Result<ModuleInfo, ValidationError> {
-        module::prepare(&self.inner.linker, bytes).map(|m| m.info().clone())
+        self.prepare(bytes).map(|m| m.info().clone())
     }
 
     /// [`Self::validate_module`] for a module that will run with at most `memory_limit_bytes`
@@ -168,6 +185,31 @@ impl Sandbox {
     /// Validates and compiles `bytes` into a module ready to run. CPU-heavy: from async code,
     /// prefer [`ModuleCache::get_or_compile`], which runs this on the blocking pool.
     pub fn compile(&self, bytes: &[u8]) -> Result<CompiledModule, SandboxError> {
-        Ok(module::prepare(&self.inner.linker, bytes)?)
+        Ok(self.prepare(bytes)?)
+    }
+
+    /// [`Self::compile`] for a module that will run with at most `memory_limit_bytes` (see
+    /// [`Self::validate_module_for`]): what an upload compiles and hands to the module cache.
+    pub fn compile_for(
+        &self,
+        bytes: &[u8],
+        memory_limit_bytes: u64,
+    ) -> Result<CompiledModule, ValidationError> {
+        module::check_initial_memory(bytes, memory_limit_bytes)?;
+        self.prepare(bytes)
+    }
+
+    /// Compiles started by this sandbox so far (past the structural limits), on any path.
+    pub fn compiles(&self) -> u64 {
+        self.inner.compiler.compiles()
+    }
+
+    /// The structural limits and compile budget modules are held to.
+    pub fn compile_limits(&self) -> &CompileLimits {
+        self.inner.compiler.limits()
+    }
+
+    fn prepare(&self, bytes: &[u8]) -> Result<CompiledModule, ValidationError> {
+        module::prepare(&self.inner.linker, &self.inner.compiler, bytes)
     }
 }

@@ -13,13 +13,17 @@
 //! - a module whose declared initial memory is above the memory limit it would run with is
 //!   refused in those terms, before compiling (the pooling allocator would refuse it in its
 //!   own words, the on-demand one only when a task runs);
+//! - a module over a structural limit is refused before compiling, and the compile itself
+//!   goes through the sandbox's `Compiler` (child process and budget, see `compiler`);
 //! - a [`CompiledModule`]'s `sha256` is the hex SHA-256 of the exact bytes it was built from.
 
 use std::fmt;
 
 use sha2::{Digest, Sha256};
-use wasmtime::{ExternType, Linker, Module, ModuleExport, UnknownImportError};
+use wasmtime::{ExternType, Linker, ModuleExport, UnknownImportError};
 
+use super::compiler::Compiler;
+use super::limits::LimitExceeded;
 use super::store::StoreState;
 use super::BoxError;
 
@@ -88,6 +92,16 @@ pub enum ValidationError {
     /// Imports resolve by name but don't link (e.g. wrong function type).
     #[error("module cannot be linked against WASI preview 1")]
     Link(#[source] BoxError),
+    /// Over a structural limit or the compile budget.
+    #[error(transparent)]
+    LimitExceeded(#[from] LimitExceeded),
+    /// The compiler itself failed (could not start, or ended in a way no module explains):
+    /// the runner's fault, not the module's.
+    #[error("the module compiler failed: {reason}")]
+    CompilerFailed {
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 /// Facts about a validated module, for the admin API.
@@ -178,10 +192,11 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// Validates `bytes` against the guest contract and compiles it. CPU-heavy (a full compile):
-/// call it from a blocking context.
+/// Validates `bytes` against the guest contract and compiles it with `compiler` (structural
+/// limits first). CPU-heavy or blocking (a full compile): call it from a blocking context.
 pub(crate) fn prepare(
     linker: &Linker<StoreState>,
+    compiler: &Compiler,
     bytes: &[u8],
 ) -> Result<CompiledModule, ValidationError> {
     match bytes.get(..8) {
@@ -192,8 +207,7 @@ pub(crate) fn prepare(
         }
         _ => return Err(ValidationError::NotWasm),
     }
-    let module = Module::from_binary(linker.engine(), bytes)
-        .map_err(|e| ValidationError::Compile(e.into_boxed_dyn_error()))?;
+    let module = compiler.compile(linker.engine(), bytes)?;
 
     let mut wasi_imports = Vec::new();
     for import in module.imports() {

@@ -69,7 +69,10 @@ pub(super) async fn execute(
                         );
                         sandbox.run(&compiled, &input, &limits).await
                     }
-                    Err(e) => not_run(Outcome::RunnerError(format!("module not loadable: {e}"))),
+                    Err(e) => {
+                        let why = error_chain(&e);
+                        not_run(Outcome::RunnerError(format!("module not loadable: {why}")))
+                    }
                 };
                 (execution, Some(module.sha256.clone()))
             }
@@ -90,6 +93,19 @@ fn overrides(s: &ModuleSettings) -> LimitOverrides {
         memory_bytes: positive(s.memory_bytes),
         output_bytes: None,
     }
+}
+
+/// `e` and its sources, `: `-separated (a compile limit or the compiler's failure is the
+/// source of "invalid module").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn not_run(outcome: Outcome) -> Execution {

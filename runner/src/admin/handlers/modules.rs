@@ -1,9 +1,13 @@
 //! Module routes: upload (validate, then register), list, show versions, activate.
 //!
 //! Invariants: an upload is checked in the order cheapest first (task type, parameters,
-//! content type, limits against caps, size) before the module is compiled; compiling runs on
-//! the blocking pool, at most `max_concurrent_validations` at once, and is abandoned after
-//! `validation_timeout`; only a module the sandbox accepted is stored.
+//! content type, limits against caps, size, structural limits) before the module is compiled;
+//! compiling goes through the sandbox's compiler (a budgeted child process in `sweep`) from
+//! the blocking pool, at most `max_concurrent_validations` at once and one per tenant, and is
+//! abandoned after `validation_timeout`; only a module the sandbox accepted is stored, and
+//! next to a runner the compiled module goes to the runner's cache once it is stored.
+
+use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
 use futures::Stream;
@@ -18,7 +22,7 @@ use crate::admin::openapi as doc;
 use crate::admin::params::{resolve_limits, ModuleListParams, Query, RequestedLimits, TenantParam};
 use crate::admin::AdminState;
 use crate::queue::{self, ModuleVersion};
-use crate::sandbox::ModuleInfo;
+use crate::sandbox::{check_initial_memory, sha256_hex, CompiledModule};
 
 /// An `application/wasm` body, as documented: raw bytes.
 #[derive(utoipa::ToSchema)]
@@ -61,6 +65,7 @@ fn check_task_type(task_type: &str) -> Result<(), ApiError> {
         (status = 401, response = doc::Unauthorized),
         (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
+        (status = 409, response = doc::Conflict),
         (status = 413, response = doc::TooLarge),
         (status = 415, response = doc::UnsupportedMediaType),
         (status = 422, response = doc::Unprocessable),
@@ -94,11 +99,15 @@ where
     let tenant_limit = caps.max_module_bytes.and_then(|b| usize::try_from(b).ok());
     let limit = state.config().max_module_bytes.min(tenant_limit.unwrap_or(usize::MAX));
     let bytes = read_limited(content_length, body, limit).await?;
-    let info = validate(&state, bytes.clone(), limits.memory_bytes).await?;
+    let compiled = validate(&state, &tenant, bytes.clone(), limits.memory_bytes).await?;
+    let info = compiled.info().clone();
 
     let registered =
         queue::register_module(state.store(), &tenant, &task_type, &info.sha256, &bytes, &settings)
             .await?;
+    if let Some(cache) = state.modules() {
+        cache.insert_compiled(compiled);
+    }
     let m = registered.module;
     tracing::info!(%tenant, %task_type, version = m.version, sha256 = %m.sha256,
         created = registered.created, "module uploaded");
@@ -115,13 +124,32 @@ where
     Ok(created_or_ok(registered.created, &answer))
 }
 
-/// Compiles `bytes` on the blocking pool, bounded in concurrency and time, for a module that
-/// runs with at most `memory_limit_bytes`.
+/// The compiled module for `bytes`, for a module that runs with at most `memory_limit_bytes`:
+/// the runner's cached one when it already has these bytes, else compiled through the
+/// sandbox's compiler (structural limits, then the budgeted child) on the blocking pool, at
+/// most `max_concurrent_validations` uploads and one per tenant at once. The request stops
+/// waiting after `validation_timeout`; the compile holds its turn and slot until it ends (the
+/// compiler kills its child at the compile wall bound).
 async fn validate(
     state: &AdminState,
+    tenant: &str,
     bytes: Bytes,
     memory_limit_bytes: u64,
-) -> Result<ModuleInfo, ApiError> {
+) -> Result<Arc<CompiledModule>, ApiError> {
+    if let Some(cached) = state.modules().and_then(|cache| cache.get(&sha256_hex(&bytes))) {
+        // Compiled and checked against the contract before; only the limit is new.
+        check_initial_memory(&bytes, memory_limit_bytes)?;
+        return Ok(cached);
+    }
+    let turn = state.compile_turns().take(tenant).ok_or_else(|| {
+        ApiError::conflict(
+            "compile_in_progress",
+            format!(
+                "another module of tenant {tenant:?} is being compiled; upload again once that \
+                 upload has answered"
+            ),
+        )
+    })?;
     let permit = state
         .validation_slots()
         .acquire_owned()
@@ -130,12 +158,12 @@ async fn validate(
     let sandbox = state.sandbox().clone();
     let job = tokio::task::spawn_blocking(move || {
         // Held until the compile really ends, even when the request stopped waiting for it.
-        let _permit = permit;
-        sandbox.validate_module_for(&bytes, memory_limit_bytes)
+        let (_permit, _turn) = (permit, turn);
+        sandbox.compile_for(&bytes, memory_limit_bytes)
     });
     let timeout = state.config().validation_timeout;
     match tokio::time::timeout(timeout, job).await {
-        Ok(Ok(Ok(info))) => Ok(info),
+        Ok(Ok(Ok(compiled))) => Ok(Arc::new(compiled)),
         Ok(Ok(Err(invalid))) => Err(invalid.into()),
         Ok(Err(join)) => Err(ApiError::internal("module validation task failed", &join)),
         Err(_elapsed) => Err(ApiError::unprocessable(

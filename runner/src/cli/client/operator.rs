@@ -44,6 +44,8 @@ pub struct AdminArgs {
     pub db: DatabaseArgs,
     #[command(flatten)]
     pub server: AdminServerArgs,
+    #[command(flatten)]
+    pub compile: sweep::args::CompileArgs,
 }
 
 /// `sweep admin`: the API without a runner, until SIGINT/SIGTERM. Uploads are validated with
@@ -57,8 +59,13 @@ pub async fn admin(args: AdminArgs) -> anyhow::Result<()> {
         );
     }
     let store = args.db.admin_store(8).await?;
-    let sandbox = Sandbox::new(SandboxConfig { pooling: false, ..SandboxConfig::default() })
-        .context("starting the module validator")?;
+    let sandbox = Sandbox::new(SandboxConfig {
+        pooling: false,
+        compile: args.compile.to_limits(),
+        compiler: crate::cli::child_compiler()?,
+        ..SandboxConfig::default()
+    })
+    .context("starting the module validator")?;
     let state = AdminState::new(&store, sandbox, config)?;
     admin::serve(args.server.admin_addr, state, sweep::worker::shutdown_signal()).await?;
     store.close().await;
