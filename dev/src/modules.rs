@@ -13,6 +13,17 @@ pub fn empty_module() -> Vec<u8> {
     wat::parse_str(EMPTY_MODULE_WAT).expect("the empty module assembles")
 }
 
+/// A handler like [`EMPTY_MODULE_WAT`] whose bytes (so sha256) differ for every `n`: it also
+/// exports the global `version` holding `n`. For tests and benches that need many distinct
+/// module versions.
+pub fn distinct_module(n: u64) -> Vec<u8> {
+    let wat = format!(
+        r#"(module (memory (export "memory") 1) (global (export "version") i64 (i64.const {n}))
+             (func (export "_start")))"#
+    );
+    wat::parse_str(wat).expect("the distinct module assembles")
+}
+
 /// Where `scripts/build-modules.sh` puts the modules.
 pub fn modules_dir() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")

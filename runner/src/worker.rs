@@ -129,7 +129,7 @@ impl Worker {
             return Err(WorkerError::WrongRole(store.role()));
         }
         let store = store.clone();
-        let modules = ModuleCache::new(sandbox.clone());
+        let modules = ModuleCache::with_max_bytes(sandbox.clone(), config.module_cache_bytes);
         let guests = Guests::start_default()?;
         Ok(Worker { id: Uuid::new_v4(), store, sandbox, guests, modules, config: Arc::new(config) })
     }
@@ -140,6 +140,11 @@ impl Worker {
 
     pub fn sandbox(&self) -> &Sandbox {
         &self.sandbox
+    }
+
+    /// The runner's compiled modules (a clone shares them), to look at what it holds.
+    pub fn module_cache(&self) -> &ModuleCache {
+        &self.modules
     }
 
     /// Runs until `shutdown` resolves, then stops claiming, lets running tasks finish within

@@ -6,6 +6,8 @@
 //!   wake-up latency distribution (enqueue commit to attempt start, NOTIFY path).
 //!
 //! - `fairness`: tenants and task types sharing one runner (see `bench/fairness.rs`).
+//! - `memory`, `module-footprint`: a runner's memory with 10,000 module versions run, and
+//!   what one compiled module costs (see `bench/memory.rs`).
 //!
 //! Latencies are measured in the database's own clock (`started_at - run_at`), so client and
 //! server clocks never mix. Every task runs in a fresh Wasm instance with every limit on.
@@ -28,6 +30,7 @@ use sweep::args::{default_modules_dir, WorkerArgs};
 use crate::fixtures;
 
 pub mod fairness;
+pub mod memory;
 
 #[derive(Debug, clap::Parser)]
 #[command(
@@ -93,6 +96,11 @@ pub enum BenchMode {
     /// Tenants sharing a runner: noisy neighbour, weighted shares, cost with 1,000 tenants,
     /// control-plane latency with every slot spinning.
     Fairness(fairness::FairnessArgs),
+    /// A runner's resident memory after running one task on each of 10,000 distinct module
+    /// versions, with its module cache bound (--module-cache-mb).
+    Memory(memory::MemoryArgs),
+    /// What one compiled module costs in resident memory beyond its compiled image.
+    ModuleFootprint(memory::FootprintArgs),
 }
 
 const ENQUEUE_CHUNK: usize = 10_000;
@@ -103,6 +111,8 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchMode::Fairness(fair) => {
             return fairness::fairness(url, &args.modules_dir, &fair).await
         }
+        BenchMode::Memory(memory) => return memory::memory(url, &memory).await,
+        BenchMode::ModuleFootprint(footprint) => return memory::footprint(&footprint).await,
         mode => mode,
     };
     let store = fresh_database(url).await?;
@@ -127,6 +137,8 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         }
         BenchMode::Latency { tasks, rate, worker } => latency(&store, tasks, rate, &worker).await,
         BenchMode::Fairness(fair) => fairness::fairness(url, &args.modules_dir, &fair).await,
+        BenchMode::Memory(memory) => memory::memory(url, &memory).await,
+        BenchMode::ModuleFootprint(footprint) => memory::footprint(&footprint).await,
     }
 }
 

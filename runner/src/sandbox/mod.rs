@@ -14,7 +14,7 @@
 //!   `Sandbox`, modules are kept as `InstancePre`, each run gets a fresh `Store`.
 //!
 //! Files: `config` (settings, limits), `engine` (engine + ticker), `module` (validation,
-//! compiled form), `cache` (sha256 -> compiled), `store` (per-task state), `run` (one task),
+//! compiled form), `cache` (sha256 -> compiled, bounded by bytes), `store` (per-task state), `run` (one task),
 //! `pipes` (bounded stdio), `outcome` (classification).
 
 mod cache;
@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use wasmtime::{Engine, Linker};
 
-pub use cache::ModuleCache;
+pub use cache::{ModuleCache, DEFAULT_MODULE_CACHE_BYTES};
 pub use config::{
     ConfigError, LimitOverrides, Limits, SandboxConfig, DEFAULT_EPOCH_TICK, DEFAULT_FUEL,
     DEFAULT_MAX_CONCURRENCY, DEFAULT_MEMORY_BYTES, DEFAULT_OUTPUT_BYTES, DEFAULT_TIMEOUT, MAX_FUEL,
@@ -41,7 +41,8 @@ pub use config::{
 };
 pub use engine::AllocatorKind;
 pub use module::{
-    sha256_hex, CompiledModule, ModuleInfo, ValidationError, START_EXPORT, WASI_MODULE,
+    sha256_hex, CompiledModule, ModuleInfo, ValidationError, ENTRY_OVERHEAD_BYTES, START_EXPORT,
+    WASI_MODULE,
 };
 pub use outcome::{Execution, Outcome, TrapCause, MESSAGE_MAX_BYTES, PERMANENT_EXIT_CODE};
 pub use run::{CAPACITY_WAIT, STDERR_TAIL_BYTES};

@@ -13,7 +13,9 @@
 //! - a module whose declared initial memory is above the memory limit it would run with is
 //!   refused in those terms, before compiling (the pooling allocator would refuse it in its
 //!   own words, the on-demand one only when a task runs);
-//! - a [`CompiledModule`]'s `sha256` is the hex SHA-256 of the exact bytes it was built from.
+//! - a [`CompiledModule`]'s `sha256` is the hex SHA-256 of the exact bytes it was built from;
+//! - [`CompiledModule::resident_bytes`] (what the module cache weighs it by) is its compiled
+//!   image, rounded up to whole pages, plus [`ENTRY_OVERHEAD_BYTES`].
 
 use std::fmt;
 
@@ -108,7 +110,19 @@ pub struct CompiledModule {
     pub(crate) pre: wasmtime::InstancePre<StoreState>,
     pub(crate) start: ModuleExport,
     info: ModuleInfo,
+    /// Length of the compiled image (code, data, metadata) wasmtime keeps for it.
+    image_bytes: usize,
 }
+
+/// What one compiled module costs a runner beyond its compiled image: wasmtime's module and
+/// instance-pre state, the linker definitions it resolved, the cache entry. Measured, not
+/// guessed: `sweep-bench module-footprint` compiles thousands of distinct tiny modules, holds
+/// them and divides the growth of the process's resident set by their count, less their
+/// images (see docs/architecture.md, "Bounded memory", for the measurement).
+pub const ENTRY_OVERHEAD_BYTES: usize = 16 * 1024;
+
+/// The page size images are mapped in.
+const PAGE_BYTES: usize = 4096;
 
 impl CompiledModule {
     /// Hex SHA-256 of the bytes this was compiled from (the module cache key).
@@ -119,6 +133,17 @@ impl CompiledModule {
     /// What validation learned about the module.
     pub fn info(&self) -> &ModuleInfo {
         &self.info
+    }
+
+    /// Length of its compiled image in bytes (`wasmtime::Module::image_range`).
+    pub fn image_bytes(&self) -> usize {
+        self.image_bytes
+    }
+
+    /// The memory this compiled module keeps resident, as the module cache weighs it: its
+    /// image in whole pages plus [`ENTRY_OVERHEAD_BYTES`].
+    pub fn resident_bytes(&self) -> usize {
+        self.image_bytes.div_ceil(PAGE_BYTES).saturating_mul(PAGE_BYTES) + ENTRY_OVERHEAD_BYTES
     }
 }
 
@@ -231,9 +256,12 @@ pub(crate) fn prepare(
         }
     })?;
 
+    let image = module.image_range();
+    let image_bytes = (image.end as usize).saturating_sub(image.start as usize);
     Ok(CompiledModule {
         pre,
         start,
+        image_bytes,
         info: ModuleInfo { sha256: sha256_hex(bytes), size_bytes: bytes.len(), wasi_imports },
     })
 }
