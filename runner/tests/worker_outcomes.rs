@@ -182,11 +182,11 @@ async fn a_result_over_the_tenant_limit_is_output_too_large_and_not_retried(
 ) {
     let db = migrated(db).await;
     let pool = db.pool();
-    // wordcount's result for this payload is 49 bytes of JSON.
+    // wordcount writes 48 bytes of stdout for this payload: 47 of compact JSON and a newline.
     let payload = json!({"text": "a b a", "top": 1});
     let limited = |n| sweep::queue::TenantCaps { max_result_bytes: Some(n), ..Default::default() };
     sweep::admin::create_tenant(&pool, "tight", &limited(16)).await.unwrap();
-    sweep::admin::create_tenant(&pool, "roomy", &limited(49)).await.unwrap();
+    sweep::admin::create_tenant(&pool, "roomy", &limited(48)).await.unwrap();
     let bytes = module_bytes("wordcount");
     let sha = sweep::sandbox::sha256_hex(&bytes);
     for tenant in ["default", "tight", "roomy"] {
@@ -201,7 +201,7 @@ async fn a_result_over_the_tenant_limit_is_output_too_large_and_not_retried(
     };
     let (default, tight, roomy) =
         (enqueue("default").await, enqueue("tight").await, enqueue("roomy").await);
-    // The runner's own default would let a 49-byte result through for everyone.
+    // The runner's own default would let a 48-byte result through for everyone.
     let runner = start_worker(&db, test_config());
 
     let t = wait_settled(&pool, tight).await;
@@ -213,7 +213,7 @@ async fn a_result_over_the_tenant_limit_is_output_too_large_and_not_retried(
     for (id, who) in [(default, "the runner default"), (roomy, "a limit of exactly its size")] {
         let t = wait_settled(&pool, id).await;
         assert_eq!(t.state, TaskState::Succeeded, "{who}: {t:#?}");
-        assert_eq!(serde_json::to_vec(&t.result).unwrap().len(), 49, "{who}");
+        assert_eq!(serde_json::to_vec(&t.result).unwrap().len(), 47, "{who}");
     }
     runner.stop().await;
 }
