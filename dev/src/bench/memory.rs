@@ -1,12 +1,13 @@
 //! `sweep-bench memory` and `sweep-bench module-footprint`: what compiled modules cost a runner.
 //!
-//! - `memory`: registers `--task-types` x `--versions` distinct module versions (tiny modules
+//! - `memory`: registers `--types` x `--versions` distinct module versions (tiny modules
 //!   that differ by a constant), one version of every type at a time, and runs one task per
 //!   version on one runner in this process; then reports the process's resident set
 //!   (`VmRSS`, and its peak `VmHWM`, from /proc/self/status) next to the module cache's bound.
 //!   The figure includes this driver (its Postgres pool and the bytes it registers), so it is
 //!   an upper bound on the runner's own.
-//! - `module-footprint`: compiles `--modules` distinct tiny modules into an unbounded module
+//! - `module-footprint`: compiles `--modules` distinct tiny modules (or tagged copies of
+//!   `--module FILE`) into an unbounded module
 //!   cache and holds them; the resident set's growth per module, less the module's compiled
 //!   image in pages, is the per-entry overhead the cache weighs every entry with
 //!   (`sandbox::ENTRY_OVERHEAD_BYTES`).
@@ -18,19 +19,22 @@ use serde_json::json;
 use sweep::{
     args::WorkerArgs,
     queue::{self, ModuleSettings, NewTask},
-    sandbox::{sha256_hex, ModuleCache, Sandbox, ENTRY_OVERHEAD_BYTES},
+    sandbox::{sha256_hex, ModuleCache, Sandbox, ENTRY_OVERHEAD_BYTES, IMAGE_OVERHEAD_DIVISOR},
     worker::Worker,
 };
 use tokio::{sync::oneshot, time::Instant};
 
 use super::fresh_database;
-use crate::{fixtures, modules::distinct_module};
+use crate::{
+    fixtures,
+    modules::{distinct_module, with_distinct_tag},
+};
 
 #[derive(Debug, clap::Args)]
 pub struct MemoryArgs {
     /// Task types, each run with every version in turn.
-    #[arg(long, default_value_t = 100)]
-    pub task_types: usize,
+    #[arg(long = "types", default_value_t = 100)]
+    pub types: usize,
     /// Versions registered (and one task run) per task type.
     #[arg(long, default_value_t = 100)]
     pub versions: usize,
@@ -46,6 +50,9 @@ pub struct FootprintArgs {
     /// Compile with the on-demand allocator's engine instead of the pooling one.
     #[arg(long)]
     pub no_pooling: bool,
+    /// Copies of this module (each with a distinct custom section) instead of tiny ones.
+    #[arg(long)]
+    pub module: Option<std::path::PathBuf>,
 }
 
 /// The resident set and its peak, in bytes, from /proc/self/status.
@@ -80,8 +87,8 @@ fn mib(bytes: u64) -> f64 {
 }
 
 pub async fn memory(url: &str, args: &MemoryArgs) -> anyhow::Result<()> {
-    if args.task_types == 0 || args.versions == 0 {
-        bail!("--task-types and --versions must be at least 1");
+    if args.types == 0 || args.versions == 0 {
+        bail!("--types and --versions must be at least 1");
     }
     let store = fresh_database(url).await?;
     let pool = store.pool();
@@ -94,13 +101,13 @@ pub async fn memory(url: &str, args: &MemoryArgs) -> anyhow::Result<()> {
         let _ = stopped.await;
     }));
 
-    let total = args.task_types * args.versions;
+    let total = args.types * args.versions;
     let started = Instant::now();
     let mut peak_weight = 0;
     for version in 0..args.versions {
-        let mut tasks = Vec::with_capacity(args.task_types);
-        for t in 0..args.task_types {
-            let bytes = distinct_module((version * args.task_types + t) as u64);
+        let mut tasks = Vec::with_capacity(args.types);
+        for t in 0..args.types {
+            let bytes = distinct_module((version * args.types + t) as u64);
             let task_type = format!("m{t}");
             queue::register_module(
                 pool,
@@ -127,7 +134,7 @@ pub async fn memory(url: &str, args: &MemoryArgs) -> anyhow::Result<()> {
             let now = rss()?;
             println!(
                 "{:>6} versions run: VmRSS {:.1} MiB, cache {} entries / {:.1} MiB",
-                (version + 1) * args.task_types,
+                (version + 1) * args.types,
                 mib(now.now),
                 cache.len(),
                 mib(cache.weighted_bytes())
@@ -174,18 +181,25 @@ pub async fn footprint(args: &FootprintArgs) -> anyhow::Result<()> {
         ..sweep::sandbox::SandboxConfig::default()
     })?;
     let cache = ModuleCache::with_max_bytes(sandbox.clone(), u64::MAX);
+    let base = match &args.module {
+        Some(path) => Some(std::fs::read(path).with_context(|| format!("reading {path:?}"))?),
+        None => None,
+    };
+    let module = |n: u64| match &base {
+        Some(bytes) => with_distinct_tag(bytes, n),
+        None => distinct_module(n),
+    };
     // Warm up: the first compiles build the engine's shared state (type registry, linker
     // caches, thread pools), which is not per module.
     for n in 0..50 {
-        cache.insert(distinct_module(u64::MAX - n)).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        cache.insert(module(u64::MAX - n)).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     cache.settle().await;
     let before = rss()?;
     let mut image_pages = 0u64;
     let mut images = 0u64;
     for n in 0..args.modules {
-        let m =
-            cache.insert(distinct_module(n as u64)).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let m = cache.insert(module(n as u64)).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         images += m.image_bytes() as u64;
         image_pages += m.image_bytes().div_ceil(4096) as u64 * 4096;
     }
@@ -194,6 +208,7 @@ pub async fn footprint(args: &FootprintArgs) -> anyhow::Result<()> {
     let n = args.modules as u64;
     let per_module = after.now.saturating_sub(before.now) / n;
     let overhead = per_module.saturating_sub(image_pages / n);
+    let weighed = (image_pages / n) / IMAGE_OVERHEAD_DIVISOR as u64 + ENTRY_OVERHEAD_BYTES as u64;
     println!(
         "{n} distinct modules compiled and held: RSS {:.1} -> {:.1} MiB, {per_module} bytes per \
          module",
@@ -202,7 +217,7 @@ pub async fn footprint(args: &FootprintArgs) -> anyhow::Result<()> {
     );
     println!(
         "compiled image: {} bytes on average ({} in whole pages); measured overhead beyond the \
-         image: {overhead} bytes per entry (the cache weighs entries with {ENTRY_OVERHEAD_BYTES})",
+         image: {overhead} bytes per entry (the cache weighs this overhead as {weighed})",
         images / n,
         image_pages / n
     );

@@ -41,8 +41,8 @@ pub use config::{
 };
 pub use engine::AllocatorKind;
 pub use module::{
-    sha256_hex, CompiledModule, ModuleInfo, ValidationError, ENTRY_OVERHEAD_BYTES, START_EXPORT,
-    WASI_MODULE,
+    sha256_hex, CompiledModule, ModuleInfo, ValidationError, ENTRY_OVERHEAD_BYTES,
+    IMAGE_OVERHEAD_DIVISOR, START_EXPORT, WASI_MODULE,
 };
 pub use outcome::{Execution, Outcome, TrapCause, MESSAGE_MAX_BYTES, PERMANENT_EXIT_CODE};
 pub use run::{CAPACITY_WAIT, STDERR_TAIL_BYTES};

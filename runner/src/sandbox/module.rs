@@ -15,7 +15,8 @@
 //!   own words, the on-demand one only when a task runs);
 //! - a [`CompiledModule`]'s `sha256` is the hex SHA-256 of the exact bytes it was built from;
 //! - [`CompiledModule::resident_bytes`] (what the module cache weighs it by) is its compiled
-//!   image, rounded up to whole pages, plus [`ENTRY_OVERHEAD_BYTES`].
+//!   image, rounded up to whole pages, plus its measured overhead ([`ENTRY_OVERHEAD_BYTES`]
+//!   and a [`IMAGE_OVERHEAD_DIVISOR`]-th of the image).
 
 use std::fmt;
 
@@ -116,10 +117,17 @@ pub struct CompiledModule {
 
 /// What one compiled module costs a runner beyond its compiled image: wasmtime's module and
 /// instance-pre state, the linker definitions it resolved, the cache entry. Measured, not
-/// guessed: `sweep-bench module-footprint` compiles thousands of distinct tiny modules, holds
-/// them and divides the growth of the process's resident set by their count, less their
-/// images (see docs/architecture.md, "Bounded memory", for the measurement).
-pub const ENTRY_OVERHEAD_BYTES: usize = 16 * 1024;
+/// guessed, by `sweep-bench module-footprint` (distinct copies compiled into the cache and
+/// held; growth of the resident set per module, less the image in whole pages): about 4.7 KB
+/// plus 4.1% of the image. Tiny modules (16 KiB of image pages): 4,468 to 5,320 bytes over
+/// 1,000 to 10,000 modules; modules/noop (299,008): 16,818; modules/wordcount (454,656):
+/// 23,142. Weighed as this constant plus [`IMAGE_OVERHEAD_DIVISOR`]-th of the image, which
+/// covers each measurement (see docs/architecture.md, "Bounded memory").
+pub const ENTRY_OVERHEAD_BYTES: usize = 6 * 1024;
+
+/// The part of the per-entry overhead that grows with the module: one byte per this many
+/// bytes of image pages (4.2%; measured 4.1%, see [`ENTRY_OVERHEAD_BYTES`]).
+pub const IMAGE_OVERHEAD_DIVISOR: usize = 24;
 
 /// The page size images are mapped in.
 const PAGE_BYTES: usize = 4096;
@@ -141,9 +149,11 @@ impl CompiledModule {
     }
 
     /// The memory this compiled module keeps resident, as the module cache weighs it: its
-    /// image in whole pages plus [`ENTRY_OVERHEAD_BYTES`].
+    /// image in whole pages, plus [`ENTRY_OVERHEAD_BYTES`] and a [`IMAGE_OVERHEAD_DIVISOR`]-th
+    /// of those pages.
     pub fn resident_bytes(&self) -> usize {
-        self.image_bytes.div_ceil(PAGE_BYTES).saturating_mul(PAGE_BYTES) + ENTRY_OVERHEAD_BYTES
+        let pages = self.image_bytes.div_ceil(PAGE_BYTES).saturating_mul(PAGE_BYTES);
+        pages + pages / IMAGE_OVERHEAD_DIVISOR + ENTRY_OVERHEAD_BYTES
     }
 }
 
