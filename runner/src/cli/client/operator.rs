@@ -401,6 +401,10 @@ mod tests {
             "none",
             "--max-memory-mb",
             "2",
+            "--max-payload-bytes",
+            "4096",
+            "--max-result-bytes",
+            "none",
             "--token",
             "x",
         ])
@@ -408,7 +412,8 @@ mod tests {
         let body = caps_body(&cli.caps).unwrap();
         assert_eq!(
             body,
-            json!({"max_running": 4, "max_fuel": null, "max_memory_bytes": 2 * 1024 * 1024})
+            json!({"max_running": 4, "max_fuel": null, "max_memory_bytes": 2 * 1024 * 1024,
+                   "max_payload_bytes": 4096, "max_result_bytes": null})
         );
         let cli = Cli::try_parse_from(["t", "acme", "--token", "x"]).unwrap();
         assert!(caps_body(&cli.caps).is_err(), "nothing to change is an error");
