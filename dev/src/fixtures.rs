@@ -129,6 +129,18 @@ pub async fn count_finished<'c, E: PgExecutor<'c>>(
         .await?)
 }
 
+/// Succeeded tasks, and how many distinct module versions (by sha256) ran them.
+pub async fn succeeded_and_versions<'c, E: PgExecutor<'c>>(
+    executor: E,
+) -> Result<(i64, i64), QueueError> {
+    Ok(sqlx::query_as(
+        r#"select count(*), count(distinct module_sha256) from sweep.finished_tasks
+           where state = 'succeeded'"#,
+    )
+    .fetch_one(executor)
+    .await?)
+}
+
 /// `started_at - run_at` in seconds for each of `ids` that started (live or finished).
 pub async fn start_waits<'c, E: PgExecutor<'c>>(
     executor: E,

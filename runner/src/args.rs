@@ -150,6 +150,10 @@ pub struct WorkerArgs {
     pub report_buffer_mb: usize,
     #[command(flatten)]
     pub compile: CompileArgs,
+    /// Most MiB of compiled modules kept in memory (least used evicted past it, compiled
+    /// again when next needed).
+    #[arg(long, env = "SWEEP_MODULE_CACHE_MB", default_value_t = crate::sandbox::DEFAULT_MODULE_CACHE_BYTES >> 20)]
+    pub module_cache_mb: u64,
 }
 
 impl WorkerArgs {
@@ -182,6 +186,7 @@ impl WorkerArgs {
             task_types: self.task_types.clone(),
             report_hold: Duration::from_secs(self.report_hold_secs),
             report_buffer_bytes: self.report_buffer_mb.saturating_mul(1 << 20),
+            module_cache_bytes: self.module_cache_mb.saturating_mul(1 << 20),
             sandbox: SandboxConfig {
                 pooling: !self.no_pooling,
                 max_concurrency: u32::try_from(self.concurrency.saturating_add(self.spare_slots))

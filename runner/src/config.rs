@@ -60,6 +60,9 @@ pub struct WorkerConfig {
     pub report_hold: Duration,
     /// Most bytes of reports kept while Postgres is unreachable; the oldest go first.
     pub report_buffer_bytes: usize,
+    /// Most bytes of compiled modules a runner keeps (see `sandbox::ModuleCache`); past it the
+    /// least used are evicted and compiled again when next needed.
+    pub module_cache_bytes: u64,
     pub maintenance: MaintenanceConfig,
     pub sandbox: SandboxConfig,
 }
@@ -105,6 +108,7 @@ impl Default for WorkerConfig {
             report_batch: DEFAULT_REPORT_BATCH,
             report_hold: DEFAULT_REPORT_HOLD,
             report_buffer_bytes: DEFAULT_REPORT_BUFFER_BYTES,
+            module_cache_bytes: crate::sandbox::DEFAULT_MODULE_CACHE_BYTES,
             maintenance: MaintenanceConfig::default(),
             sandbox: SandboxConfig {
                 max_concurrency: (DEFAULT_CONCURRENCY + DEFAULT_SPARE_SLOTS) as u32,
@@ -146,6 +150,7 @@ impl WorkerConfig {
             ("report_batch", self.report_batch),
             ("report_buffer_bytes", self.report_buffer_bytes),
             ("retention_batch", self.maintenance.retention_batch),
+            ("module_cache_bytes", usize::try_from(self.module_cache_bytes).unwrap_or(usize::MAX)),
         ] {
             if value == 0 {
                 return Err(ConfigError::Zero(name));

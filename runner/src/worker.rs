@@ -129,7 +129,7 @@ impl Worker {
             return Err(WorkerError::WrongRole(store.role()));
         }
         let store = store.clone();
-        let modules = ModuleCache::new(sandbox.clone());
+        let modules = ModuleCache::with_max_bytes(sandbox.clone(), config.module_cache_bytes);
         let guests = Guests::start_default()?;
         Ok(Worker { id: Uuid::new_v4(), store, sandbox, guests, modules, config: Arc::new(config) })
     }
@@ -142,7 +142,8 @@ impl Worker {
         &self.sandbox
     }
 
-    /// The runner's compiled-module cache (the admin API served next to it fills it).
+    /// The runner's compiled-module cache (a clone shares it): the admin API served next to
+    /// it fills it, benches look at what it holds.
     pub fn modules(&self) -> &ModuleCache {
         &self.modules
     }

@@ -9,6 +9,7 @@ use admin_support::*;
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::admin::AdminConfig;
+use sweep::queue::TenantCaps;
 
 const OP: Option<&str> = Some(OPERATOR);
 
@@ -143,6 +144,76 @@ async fn request_bodies_are_size_limited(_: PgPoolOptions, db: PgConnectOptions)
     api.post("/v1/tasks", OP, &big).await.expect(413, "too_large");
     let small = json!({"task_type": "count", "payload": {"text": "x"}});
     api.post("/v1/tasks", OP, &small).await.ok(201);
+}
+
+#[sqlx::test(migrations = false)]
+async fn payloads_over_the_tenant_limit_are_413_and_nothing_is_written(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    // Deployment default 100 bytes; "roomy" may send 1000, "tight" only 20.
+    let api = api_with(&db, AdminConfig { max_payload_bytes: 100, ..AdminConfig::default() });
+    let roomy = api
+        .tenant("roomy", TenantCaps { max_payload_bytes: Some(1000), ..TenantCaps::default() })
+        .await;
+    let tight = api
+        .tenant("tight", TenantCaps { max_payload_bytes: Some(20), ..TenantCaps::default() })
+        .await;
+    api.put_wasm("/v1/modules/count", OP, &module("wordcount")).await.ok(201);
+    api.upload(&roomy, "count", "wordcount").await;
+    api.upload(&tight, "count", "wordcount").await;
+    // {"text":"xxx..."} is 11 bytes of JSON around the text.
+    let of_size = |n: usize| json!({"task_type": "count", "payload": {"text": "x".repeat(n - 11)}});
+
+    // The default tenant has the deployment's limit: 100 bytes in, 101 out.
+    api.post("/v1/tasks", OP, &of_size(100)).await.ok(201);
+    let over = api.post("/v1/tasks", OP, &of_size(101)).await;
+    over.expect(413, "payload_too_large");
+    assert_eq!(over.message(), "payload is 101 bytes of JSON; the limit is 100 bytes");
+
+    // A tenant's own limit beats the default, above it and below.
+    api.post("/v1/tasks", Some(&roomy), &of_size(1000)).await.ok(201);
+    api.post("/v1/tasks", Some(&roomy), &of_size(1001)).await.expect(413, "payload_too_large");
+    api.post("/v1/tasks?tenant=roomy", OP, &of_size(500)).await.ok(201);
+    api.post("/v1/tasks", Some(&tight), &of_size(20)).await.ok(201);
+    let small = api.post("/v1/tasks", Some(&tight), &of_size(21)).await;
+    small.expect(413, "payload_too_large");
+    assert!(small.message().contains("limit is 20 bytes"), "{}", small.message());
+    // Checked before the task type: an oversized payload for an unknown type is still 413.
+    let unknown = json!({"task_type": "nope", "payload": {"text": "x".repeat(200)}});
+    api.post("/v1/tasks", OP, &unknown).await.expect(413, "payload_too_large");
+
+    let count = || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from sweep.tasks")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(count().await, 4);
+
+    // One oversized task refuses the whole batch, naming it; nothing of it is written.
+    let batch = json!([of_size(12), of_size(21)]);
+    let bad = api.post("/v1/tasks/batch", Some(&tight), &batch).await;
+    bad.expect(413, "payload_too_large");
+    assert!(bad.message().starts_with("task 1: payload is 21 bytes"), "{}", bad.message());
+    assert_eq!(count().await, 4, "the batch wrote nothing");
+    api.post("/v1/tasks/batch", Some(&roomy), &batch).await.ok(201);
+    assert_eq!(count().await, 6);
+
+    // The operator changes the limit; null gives the tenant the default back.
+    let caps = api
+        .send(
+            api.req("PATCH", "/v1/tenants/tight/caps", OP)
+                .json(&json!({"max_payload_bytes": null})),
+        )
+        .await;
+    assert!(caps.ok(200)["max_payload_bytes"].is_null());
+    api.post("/v1/tasks", Some(&tight), &of_size(100)).await.ok(201);
+    api.send(api.req("PATCH", "/v1/tenants/tight/caps", OP).json(&json!({"max_payload_bytes": 0})))
+        .await
+        .expect(422, "invalid_tenant");
 }
 
 #[sqlx::test(migrations = false)]

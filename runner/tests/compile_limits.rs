@@ -172,7 +172,7 @@ async fn an_uploaded_module_is_compiled_once_and_runs_from_the_cache(
     let sha = sha256_hex(&bytes);
     api.put_wasm("/v1/modules/noop", OP, &bytes).await.ok(201);
     assert_eq!(sandbox.compiles(), 1);
-    assert!(cache.get(&sha).is_some(), "the upload's compiled module is not in the cache");
+    assert!(cache.get(&sha).await.is_some(), "the upload's compiled module is not in the cache");
     // The same bytes again: the cached module answers, nothing compiles.
     api.put_wasm("/v1/modules/noop?fuel=1000000", OP, &bytes).await.ok(201);
     assert_eq!(sandbox.compiles(), 1);

@@ -5,7 +5,9 @@ use std::sync::{Arc, OnceLock};
 
 use sweep::sandbox::{
     sha256_hex, ModuleCache, Sandbox, SandboxConfig, SandboxError, ValidationError,
+    ENTRY_OVERHEAD_BYTES,
 };
+use sweep_dev::modules::distinct_module;
 
 const WASI: &str = "wasi_snapshot_preview1";
 
@@ -101,39 +103,106 @@ async fn module_cache_compiles_once_and_checks_hashes() -> anyhow::Result<()> {
     let loads = AtomicUsize::new(0);
     let load = || async {
         loads.fetch_add(1, Ordering::SeqCst);
+        // Stay pending a moment, so the other callers arrive while this load is in flight.
+        tokio::task::yield_now().await;
         Ok::<_, std::io::Error>(bytes.clone())
     };
-    let (a, b) = tokio::join!(cache.get_or_compile(&sha, load), cache.get_or_compile(&sha, load));
-    let (a, b) = (a?, b?);
-    assert!(Arc::ptr_eq(&a, &b));
-    assert_eq!(loads.load(Ordering::SeqCst), 1);
-    assert_eq!(a.sha256(), sha);
-    assert!(cache.get(&sha).is_some());
+    let all = futures::future::join_all((0..8).map(|_| cache.get_or_compile(&sha, load))).await;
+    let first = all[0].as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+    for other in &all {
+        let other = other.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+        assert!(Arc::ptr_eq(first, other), "every concurrent miss gets the one compile");
+    }
+    assert_eq!(loads.load(Ordering::SeqCst), 1, "eight concurrent misses, one load");
+    assert_eq!(first.sha256(), sha);
+    assert!(cache.get(&sha).await.is_some());
+    cache.settle().await;
     assert_eq!(cache.len(), 1);
 
     let wrong = "0".repeat(64);
     let res =
         cache.get_or_compile(&wrong, || async { Ok::<_, std::io::Error>(bytes.clone()) }).await;
-    assert!(matches!(res, Err(SandboxError::HashMismatch { .. })));
+    assert!(matches!(res.as_ref().map_err(|e| &**e), Err(SandboxError::HashMismatch { .. })));
     let res = cache
         .get_or_compile(&wrong, || async { Err::<Vec<u8>, _>(std::io::Error::other("db down")) })
         .await;
-    assert!(matches!(res, Err(SandboxError::Load { .. })));
-    assert_eq!(cache.len(), 1);
+    assert!(matches!(res.as_ref().map_err(|e| &**e), Err(SandboxError::Load { .. })));
+    cache.settle().await;
+    assert_eq!(cache.len(), 1, "failures leave no entry");
 
-    // A failed load leaves nothing behind: the next call for that key loads again.
+    // Concurrent misses whose load fails share that one failure.
     let other = wat::parse_str(COMMAND)?;
     let other_sha = sha256_hex(&other);
-    let res = cache
-        .get_or_compile(&other_sha, || async {
-            Err::<Vec<u8>, _>(std::io::Error::other("db down"))
-        })
-        .await;
-    assert!(res.is_err());
+    let failed_loads = AtomicUsize::new(0);
+    let failing = || async {
+        failed_loads.fetch_add(1, Ordering::SeqCst);
+        tokio::task::yield_now().await;
+        Err::<Vec<u8>, _>(std::io::Error::other("db down"))
+    };
+    let (a, b) = tokio::join!(
+        cache.get_or_compile(&other_sha, failing),
+        cache.get_or_compile(&other_sha, failing)
+    );
+    match (a, b) {
+        (Err(a), Err(b)) => assert!(Arc::ptr_eq(&a, &b), "one shared error"),
+        other => anyhow::bail!("expected two errors, got {other:?}"),
+    }
+    assert_eq!(failed_loads.load(Ordering::SeqCst), 1);
+    // A failed load leaves nothing behind: the next call for that key loads again.
     let m = cache.get_or_compile(&other_sha, || async { Ok::<_, std::io::Error>(other) }).await?;
     assert_eq!(m.sha256(), other_sha);
-    assert!(cache.remove(&other_sha));
-    assert!(cache.remove(&sha));
+    assert!(cache.remove(&other_sha).await);
+    assert!(cache.remove(&sha).await);
+    cache.settle().await;
     assert!(cache.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn module_cache_evicts_past_its_byte_bound() -> anyhow::Result<()> {
+    let one = sandbox().compile(&distinct_module(0))?;
+    assert!(one.image_bytes() > 0, "wasmtime reports the compiled image");
+    assert!(one.resident_bytes() >= ENTRY_OVERHEAD_BYTES + one.image_bytes());
+    // Room for four entries of this size.
+    let weight = one.resident_bytes() as u64;
+    let cache = ModuleCache::with_max_bytes(sandbox().clone(), 4 * weight);
+    let mut shas = Vec::new();
+    for n in 0..40 {
+        let bytes = distinct_module(n);
+        shas.push(sha256_hex(&bytes));
+        let m = cache.insert(bytes).await?;
+        assert_eq!(m.resident_bytes() as u64, weight, "the modules weigh the same");
+        cache.settle().await;
+        assert!(
+            cache.weighted_bytes() <= cache.max_bytes(),
+            "after {n}: {} > {}",
+            cache.weighted_bytes(),
+            cache.max_bytes()
+        );
+    }
+    assert!((1..=4).contains(&cache.len()), "{} entries", cache.len());
+    let mut held = 0;
+    for sha in &shas {
+        held += usize::from(cache.get(sha).await.is_some());
+    }
+    assert_eq!(held as u64, cache.len(), "what is counted is what can be found");
+
+    // An evicted module compiles again on its next use.
+    let evicted = shas.iter().position(|s| !cache.contains(s)).expect("some were evicted");
+    let loads = AtomicUsize::new(0);
+    let again = cache
+        .get_or_compile(&shas[evicted], || async {
+            loads.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(distinct_module(evicted as u64))
+        })
+        .await?;
+    assert_eq!(again.sha256(), shas[evicted]);
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+
+    // A module compiled elsewhere goes in under its own hash.
+    let elsewhere = Arc::new(sandbox().compile(&distinct_module(1000))?);
+    cache.insert_compiled(Arc::clone(&elsewhere)).await;
+    let found = cache.get(elsewhere.sha256()).await.expect("inserted");
+    assert!(Arc::ptr_eq(&found, &elsewhere));
     Ok(())
 }

@@ -174,3 +174,46 @@ async fn a_new_module_version_applies_without_restarting_the_runner(
     assert_eq!(wait_settled(&pool, third).await.result, Some(json!({})));
     runner.stop().await;
 }
+
+#[sqlx::test(migrations = false)]
+async fn a_result_over_the_tenant_limit_is_output_too_large_and_not_retried(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    // wordcount writes 48 bytes of stdout for this payload: 47 of compact JSON and a newline.
+    let payload = json!({"text": "a b a", "top": 1});
+    let limited = |n| sweep::queue::TenantCaps { max_result_bytes: Some(n), ..Default::default() };
+    sweep::admin::create_tenant(&pool, "tight", &limited(16)).await.unwrap();
+    sweep::admin::create_tenant(&pool, "roomy", &limited(48)).await.unwrap();
+    let bytes = module_bytes("wordcount");
+    let sha = sweep::sandbox::sha256_hex(&bytes);
+    for tenant in ["default", "tight", "roomy"] {
+        queue::register_module(&pool, tenant, "count", &sha, &bytes, &ModuleSettings::default())
+            .await
+            .unwrap();
+    }
+    let enqueue = |tenant: &'static str| {
+        let task = NewTask::new("count", payload.clone()).tenant(tenant).max_attempts(3);
+        let pool = pool.clone();
+        async move { queue::enqueue(&pool, task).await.unwrap().id }
+    };
+    let (default, tight, roomy) =
+        (enqueue("default").await, enqueue("tight").await, enqueue("roomy").await);
+    // The runner's own default would let a 48-byte result through for everyone.
+    let runner = start_worker(&db, test_config());
+
+    let t = wait_settled(&pool, tight).await;
+    assert_eq!((t.state, t.attempts), (TaskState::Dead, 1), "permanent: no retry of 3: {t:#?}");
+    assert_eq!(error_kinds(&t), vec![FailureKind::OutputTooLarge]);
+    let dead = queue::list_dead(&pool, Some("tight"), Some("count"), None, 10).await.unwrap();
+    assert_eq!(dead[0].reason, FailureKind::OutputTooLarge.as_str());
+
+    for (id, who) in [(default, "the runner default"), (roomy, "a limit of exactly its size")] {
+        let t = wait_settled(&pool, id).await;
+        assert_eq!(t.state, TaskState::Succeeded, "{who}: {t:#?}");
+        assert_eq!(serde_json::to_vec(&t.result).unwrap().len(), 47, "{who}");
+    }
+    runner.stop().await;
+}

@@ -8,6 +8,8 @@
 //! - `fairness`: tenants and task types sharing one runner (see `bench/fairness.rs`).
 //! - `compile`: the costliest module the compile limits admit, against a `sweep run`
 //!   process (see `bench/compile.rs`).
+//! - `memory`, `module-footprint`: a runner's memory with 10,000 module versions run, and
+//!   what one compiled module costs (see `bench/memory.rs`).
 //!
 //! Latencies are measured in the database's own clock (`started_at - run_at`), so client and
 //! server clocks never mix. Every task runs in a fresh Wasm instance with every limit on.
@@ -31,6 +33,7 @@ use crate::fixtures;
 
 pub mod compile;
 pub mod fairness;
+pub mod memory;
 
 #[derive(Debug, clap::Parser)]
 #[command(
@@ -99,6 +102,11 @@ pub enum BenchMode {
     /// The costliest module the compile limits admit, uploaded to a `sweep run` process: its
     /// compile time and memory, the runner's RSS, `/healthz` latency meanwhile.
     Compile(compile::CompileArgs),
+    /// A runner's resident memory after running one task on each of 10,000 distinct module
+    /// versions, with its module cache bound (--module-cache-mb).
+    Memory(memory::MemoryArgs),
+    /// What one compiled module costs in resident memory beyond its compiled image.
+    ModuleFootprint(memory::FootprintArgs),
 }
 
 const ENQUEUE_CHUNK: usize = 10_000;
@@ -110,6 +118,8 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             return fairness::fairness(url, &args.modules_dir, &fair).await
         }
         BenchMode::Compile(compile) => return compile::compile(url, &compile).await,
+        BenchMode::Memory(memory) => return memory::memory(url, &memory).await,
+        BenchMode::ModuleFootprint(footprint) => return memory::footprint(&footprint).await,
         mode => mode,
     };
     let store = fresh_database(url).await?;
@@ -135,6 +145,8 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchMode::Latency { tasks, rate, worker } => latency(&store, tasks, rate, &worker).await,
         BenchMode::Fairness(fair) => fairness::fairness(url, &args.modules_dir, &fair).await,
         BenchMode::Compile(compile) => compile::compile(url, &compile).await,
+        BenchMode::Memory(memory) => memory::memory(url, &memory).await,
+        BenchMode::ModuleFootprint(footprint) => memory::footprint(&footprint).await,
     }
 }
 

@@ -12,6 +12,8 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:7070";
 pub const DEFAULT_MAX_MODULE_BYTES: usize = 16 * 1024 * 1024;
 /// Largest JSON request body (a batch of tasks included).
 pub const DEFAULT_MAX_JSON_BYTES: usize = 8 * 1024 * 1024;
+/// Largest task payload (compact JSON) a tenant without a limit of its own may enqueue.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 /// Most tasks in one `POST /v1/tasks/batch`.
 pub const DEFAULT_MAX_BATCH: usize = 10_000;
 /// Longest an upload's validation (a full compile) may take before it is refused.
@@ -28,6 +30,8 @@ pub struct AdminConfig {
     pub operator_token: Option<String>,
     pub max_module_bytes: usize,
     pub max_json_bytes: usize,
+    /// Payload limit for tenants whose `max_payload_bytes` is null.
+    pub max_payload_bytes: usize,
     pub max_batch: usize,
     pub validation_timeout: Duration,
     pub max_concurrent_validations: usize,
@@ -39,6 +43,7 @@ impl Default for AdminConfig {
             operator_token: None,
             max_module_bytes: DEFAULT_MAX_MODULE_BYTES,
             max_json_bytes: DEFAULT_MAX_JSON_BYTES,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             max_batch: DEFAULT_MAX_BATCH,
             validation_timeout: DEFAULT_VALIDATION_TIMEOUT,
             max_concurrent_validations: DEFAULT_MAX_CONCURRENT_VALIDATIONS,
@@ -52,6 +57,7 @@ impl fmt::Debug for AdminConfig {
             .field("operator_token", &self.operator_token.as_ref().map(|_| "<redacted>"))
             .field("max_module_bytes", &self.max_module_bytes)
             .field("max_json_bytes", &self.max_json_bytes)
+            .field("max_payload_bytes", &self.max_payload_bytes)
             .field("max_batch", &self.max_batch)
             .field("validation_timeout", &self.validation_timeout)
             .field("max_concurrent_validations", &self.max_concurrent_validations)
@@ -75,6 +81,7 @@ impl AdminConfig {
         for (name, value) in [
             ("max_module_bytes", self.max_module_bytes),
             ("max_json_bytes", self.max_json_bytes),
+            ("max_payload_bytes", self.max_payload_bytes),
             ("max_batch", self.max_batch),
             ("max_concurrent_validations", self.max_concurrent_validations),
         ] {

@@ -16,7 +16,7 @@ use warp::reply::{Reply, Response};
 use warp::Rejection;
 
 use super::models::{ErrorDetail, ErrorResponse};
-use crate::queue::{QueueError, TenantError};
+use crate::queue::{InvalidTask, QueueError, TenantError};
 use crate::sandbox::ValidationError;
 
 /// A request that failed, as the client will see it.
@@ -96,9 +96,14 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
         match e {
-            QueueError::Invalid(invalid) => {
-                Self::unprocessable("invalid_task", invalid.to_string())
-            }
+            QueueError::Invalid(invalid) => match invalid.innermost() {
+                InvalidTask::PayloadTooLarge { .. } => Self::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    invalid.to_string(),
+                ),
+                _ => Self::unprocessable("invalid_task", invalid.to_string()),
+            },
             e @ (QueueError::TaskNotFound(_) | QueueError::ModuleVersionNotFound { .. }) => {
                 Self::not_found(e.to_string())
             }

@@ -129,6 +129,16 @@ pub struct CapsRequest {
     #[serde(default, deserialize_with = "present_integer")]
     #[schema(value_type = Option<i32>, minimum = 0)]
     pub max_running: Option<Option<i32>>,
+    /// Largest task payload the tenant may enqueue, in bytes of compact JSON (`null`: the
+    /// deployment's default).
+    #[serde(default, deserialize_with = "present_integer")]
+    #[schema(value_type = Option<i64>, minimum = 1)]
+    pub max_payload_bytes: Option<Option<i64>>,
+    /// Largest result (stdout) a task of the tenant may write, in bytes (`null`: the runner's
+    /// default).
+    #[serde(default, deserialize_with = "present_integer")]
+    #[schema(value_type = Option<i64>, minimum = 1)]
+    pub max_result_bytes: Option<Option<i64>>,
 }
 
 impl From<CapsRequest> for CapsChange {
@@ -139,6 +149,8 @@ impl From<CapsRequest> for CapsChange {
             max_timeout_ms: r.max_timeout_ms,
             max_memory_bytes: r.max_memory_bytes,
             max_running: r.max_running,
+            max_payload_bytes: r.max_payload_bytes,
+            max_result_bytes: r.max_result_bytes,
         }
     }
 }

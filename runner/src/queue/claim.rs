@@ -92,6 +92,7 @@ struct ClaimRow {
     backoff_base_ms: Option<i64>,
     backoff_cap_ms: Option<i64>,
     max_running: Option<i32>,
+    max_result_bytes: Option<i64>,
 }
 
 impl ClaimRow {
@@ -122,6 +123,7 @@ impl ClaimRow {
             run_at: self.run_at,
             created_at: self.created_at,
             module,
+            max_result_bytes: self.max_result_bytes,
         }
     }
 }
@@ -164,7 +166,13 @@ pub async fn release_batch<'c, E: PgExecutor<'c>>(
     Ok(released.into_iter().map(|(id,)| id).collect())
 }
 
-const CLAIM: &str = r#"select * from sweep.sweep_claim($1, $2, $3, $4, $5, $6)"#;
+// The tenant's result limit is read with the claim (one index probe per claimed task; a tenant
+// without a row, such as `default`, has none).
+const CLAIM: &str = r#"
+    select c.*, t.max_result_bytes
+    from sweep.sweep_claim($1, $2, $3, $4, $5, $6) c
+    left join sweep.tenants t on t.name = c.tenant
+    "#;
 
 const HEARTBEAT: &str = concat!(
     r#"

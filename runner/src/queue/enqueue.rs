@@ -1,8 +1,8 @@
 //! Enqueueing: one task or tens of thousands in one statement, with dedup keys, and a single
 //! NOTIFY per statement (never one per row: per-row notifies serialise commits).
 //!
-//! Invariant: the whole batch is validated before anything is sent; an invalid task rejects
-//! the batch and writes nothing.
+//! Invariant: the whole batch is validated before anything is sent, payload sizes included
+//! (`*_within`); an invalid task rejects the batch and writes nothing.
 
 use std::time::Duration;
 
@@ -27,16 +27,44 @@ pub struct Enqueued {
     pub created: bool,
 }
 
+/// Enqueues `task`, with no limit on its payload's size (see [`enqueue_within`]).
 pub async fn enqueue<'c, A>(conn: A, task: NewTask) -> Result<Enqueued, QueueError>
 where
     A: Connects<'c>,
 {
-    let mut ids = enqueue_many(conn, std::slice::from_ref(&task)).await?;
+    enqueue_within(conn, task, usize::MAX).await
+}
+
+/// Enqueues `task` if its payload is at most `max_payload_bytes` of compact JSON; a larger one
+/// is refused ([`InvalidTask::PayloadTooLarge`]) before anything is written.
+pub async fn enqueue_within<'c, A>(
+    conn: A,
+    task: NewTask,
+    max_payload_bytes: usize,
+) -> Result<Enqueued, QueueError>
+where
+    A: Connects<'c>,
+{
+    let mut ids = enqueue_many_within(conn, std::slice::from_ref(&task), max_payload_bytes).await?;
     ids.pop().ok_or_else(|| QueueError::Corrupt("enqueue returned no id".into()))
 }
 
-/// Enqueues `tasks` in one statement and returns their ids in input order.
+/// Enqueues `tasks` in one statement and returns their ids in input order, with no limit on
+/// payload sizes (see [`enqueue_many_within`]).
 pub async fn enqueue_many<'c, A>(conn: A, tasks: &[NewTask]) -> Result<Vec<Enqueued>, QueueError>
+where
+    A: Connects<'c>,
+{
+    enqueue_many_within(conn, tasks, usize::MAX).await
+}
+
+/// [`enqueue_many`] for tasks whose payloads are each at most `max_payload_bytes` of compact
+/// JSON: one larger payload refuses the whole batch before anything is written.
+pub async fn enqueue_many_within<'c, A>(
+    conn: A,
+    tasks: &[NewTask],
+    max_payload_bytes: usize,
+) -> Result<Vec<Enqueued>, QueueError>
 where
     A: Connects<'c>,
 {
@@ -44,7 +72,15 @@ where
         return Err(InvalidTask::BatchTooLarge { got: tasks.len(), max: MAX_BATCH }.into());
     }
     for (index, task) in tasks.iter().enumerate() {
-        task.validate().map_err(|e| InvalidTask::InBatch { index, source: Box::new(e) })?;
+        let checked = task.validate().and_then(|()| {
+            // Unlimited: nothing to measure.
+            if max_payload_bytes == usize::MAX {
+                Ok(())
+            } else {
+                task.check_payload(max_payload_bytes)
+            }
+        });
+        checked.map_err(|e| InvalidTask::InBatch { index, source: Box::new(e) })?;
     }
     let mut conn = conn.connect().await?;
     let columns = Columns::from(tasks);

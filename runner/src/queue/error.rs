@@ -24,6 +24,8 @@ pub enum InvalidTask {
     DelayOutOfRange(std::time::Duration),
     #[error("dedup_key must be 1 to {max} bytes")]
     BadDedupKey { max: usize },
+    #[error("payload is {size} bytes of JSON; the limit is {limit} bytes")]
+    PayloadTooLarge { size: usize, limit: usize },
     #[error("a batch holds at most {max} tasks, got {got}")]
     BatchTooLarge { got: usize, max: usize },
     #[error("task {index} of the batch: {source}")]
@@ -32,6 +34,16 @@ pub enum InvalidTask {
         #[source]
         source: Box<InvalidTask>,
     },
+}
+
+impl InvalidTask {
+    /// The error itself, for a batch's error: the one of the task it names.
+    pub fn innermost(&self) -> &InvalidTask {
+        match self {
+            InvalidTask::InBatch { source, .. } => source.innermost(),
+            other => other,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

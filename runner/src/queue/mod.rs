@@ -90,7 +90,7 @@ mod views;
 pub use claim::{claim, claim_batch, heartbeat_leases, release_batch, ClaimMode};
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
 pub use dead::{cancel, get_task, list_dead, requeue, AttemptError, DeadTask, TaskView};
-pub use enqueue::{enqueue, enqueue_many, Enqueued};
+pub use enqueue::{enqueue, enqueue_many, enqueue_many_within, enqueue_within, Enqueued};
 pub use error::{is_unreachable, while_unreachable, InvalidTask, QueueError};
 pub use maintenance::{
     delete_finished, prune_runners, reap_expired, repair_queue_hints, vacuum_live, RescuedTask,

@@ -7,8 +7,9 @@
 //! - a tenant name is what `tasks.tenant`, `modules.tenant` and `dead_tasks.tenant` hold;
 //!   names are immutable, so a tenant's rows can never change hands;
 //! - caps are `None` (no cap) or positive (`max_running` may be 0: the tenant's tasks wait);
-//!   the running cap is enforced by [`super::claim_batch`], the others by the admin API at
-//!   upload time.
+//!   the running cap is enforced by [`super::claim_batch`], the payload limit by the admin
+//!   API at enqueue, the result limit by the runner (it bounds the task's stdout), the others
+//!   by the admin API at upload time.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -45,6 +46,14 @@ pub struct TenantCaps {
     /// Most tasks of this tenant running at once across all runners.
     #[schema(required)]
     pub max_running: Option<i32>,
+    /// Largest task payload the tenant may enqueue, in bytes of compact JSON (`null`: the
+    /// deployment's `--max-payload-bytes`).
+    #[schema(required)]
+    pub max_payload_bytes: Option<i64>,
+    /// Largest result (stdout) a task of the tenant may write, in bytes (`null`: the runner's
+    /// `--output-bytes`); a handler that writes more fails as `output_too_large`.
+    #[schema(required)]
+    pub max_result_bytes: Option<i64>,
 }
 
 impl TenantCaps {
@@ -55,6 +64,8 @@ impl TenantCaps {
             ("max_fuel", self.max_fuel),
             ("max_timeout_ms", self.max_timeout_ms),
             ("max_memory_bytes", self.max_memory_bytes),
+            ("max_payload_bytes", self.max_payload_bytes),
+            ("max_result_bytes", self.max_result_bytes),
         ];
         for (field, value) in positive {
             if value.is_some_and(|v| v <= 0) {
@@ -130,6 +141,8 @@ pub async fn create_tenant<'c, E: PgExecutor<'c>>(
         .bind(caps.max_timeout_ms)
         .bind(caps.max_memory_bytes)
         .bind(caps.max_running)
+        .bind(caps.max_payload_bytes)
+        .bind(caps.max_result_bytes)
         .fetch_one(executor)
         .await
         .map_err(|e| {
@@ -156,6 +169,8 @@ pub async fn set_tenant_caps<'c, E: PgExecutor<'c>>(
         .bind(caps.max_timeout_ms)
         .bind(caps.max_memory_bytes)
         .bind(caps.max_running)
+        .bind(caps.max_payload_bytes)
+        .bind(caps.max_result_bytes)
         .fetch_optional(executor)
         .await?;
     row.ok_or_else(|| TenantError::NotFound(name.to_owned()))
@@ -170,6 +185,8 @@ pub struct CapsChange {
     pub max_timeout_ms: Option<Option<i64>>,
     pub max_memory_bytes: Option<Option<i64>>,
     pub max_running: Option<Option<i32>>,
+    pub max_payload_bytes: Option<Option<i64>>,
+    pub max_result_bytes: Option<Option<i64>>,
 }
 
 impl CapsChange {
@@ -182,6 +199,8 @@ impl CapsChange {
             max_timeout_ms: set(self.max_timeout_ms),
             max_memory_bytes: set(self.max_memory_bytes),
             max_running: self.max_running.flatten(),
+            max_payload_bytes: set(self.max_payload_bytes),
+            max_result_bytes: set(self.max_result_bytes),
         }
         .validate()
     }
@@ -207,6 +226,10 @@ pub async fn change_tenant_caps<'c, E: PgExecutor<'c>>(
         .bind(change.max_memory_bytes.flatten())
         .bind(change.max_running.is_some())
         .bind(change.max_running.flatten())
+        .bind(change.max_payload_bytes.is_some())
+        .bind(change.max_payload_bytes.flatten())
+        .bind(change.max_result_bytes.is_some())
+        .bind(change.max_result_bytes.flatten())
         .fetch_optional(executor)
         .await?;
     row.ok_or_else(|| TenantError::NotFound(name.to_owned()))
@@ -274,26 +297,26 @@ pub async fn missing_modules<'c, E: PgExecutor<'c>>(
 
 const CREATE_TENANT: &str = r#"
     insert into sweep.tenants (name, token_sha256, max_module_bytes, max_fuel, max_timeout_ms,
-                         max_memory_bytes, max_running)
-    values ($1, $2, $3, $4, $5, $6, $7)
+                         max_memory_bytes, max_running, max_payload_bytes, max_result_bytes)
+    values ($1, $2, $3, $4, $5, $6, $7, $8, $9)
     returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
-              max_memory_bytes, max_running, created_at
+              max_memory_bytes, max_running, max_payload_bytes, max_result_bytes, created_at
     "#;
 
 const SET_CAPS: &str = r#"
     update sweep.tenants
     set max_module_bytes = $2, max_fuel = $3, max_timeout_ms = $4, max_memory_bytes = $5,
-        max_running = $6
+        max_running = $6, max_payload_bytes = $7, max_result_bytes = $8
     where name = $1
     returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
-              max_memory_bytes, max_running, created_at
+              max_memory_bytes, max_running, max_payload_bytes, max_result_bytes, created_at
     "#;
 
 const SET_WEIGHT: &str = r#"
     with changed as (
         update sweep.tenants set weight = $2 where name = $1
         returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
-                  max_memory_bytes, max_running, created_at
+                  max_memory_bytes, max_running, max_payload_bytes, max_result_bytes, created_at
     ),
     copied as (
         update sweep.queues set weight = $2 where tenant = (select name from changed)
@@ -303,13 +326,13 @@ const SET_WEIGHT: &str = r#"
 
 const GET_TENANT: &str = r#"
     select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
-           max_running, created_at
+           max_running, max_payload_bytes, max_result_bytes, created_at
     from sweep.tenants where name = $1
     "#;
 
 const LIST_TENANTS: &str = r#"
     select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
-           max_running, created_at
+           max_running, max_payload_bytes, max_result_bytes, created_at
     from sweep.tenants order by name
     "#;
 
@@ -329,16 +352,18 @@ const CHANGE_CAPS: &str = r#"
         max_fuel = case when $4 then $5 else max_fuel end,
         max_timeout_ms = case when $6 then $7 else max_timeout_ms end,
         max_memory_bytes = case when $8 then $9 else max_memory_bytes end,
-        max_running = case when $10 then $11 else max_running end
+        max_running = case when $10 then $11 else max_running end,
+        max_payload_bytes = case when $12 then $13 else max_payload_bytes end,
+        max_result_bytes = case when $14 then $15 else max_result_bytes end
     where name = $1
     returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
-              max_memory_bytes, max_running, created_at
+              max_memory_bytes, max_running, max_payload_bytes, max_result_bytes, created_at
     "#;
 
 const SET_TOKEN: &str = r#"
     update sweep.tenants set token_sha256 = $2 where name = $1
     returning name, weight, max_module_bytes, max_fuel, max_timeout_ms,
-              max_memory_bytes, max_running, created_at
+              max_memory_bytes, max_running, max_payload_bytes, max_result_bytes, created_at
     "#;
 
 #[cfg(test)]

@@ -54,11 +54,12 @@ const ADD_READ_ONLY_TOKEN: &str = r#"
 
 const TOKEN_TENANT: &str = r#"
     select name, weight, max_module_bytes, max_fuel, max_timeout_ms, max_memory_bytes,
-           max_running, created_at, false as read_only
+           max_running, max_payload_bytes, max_result_bytes, created_at, false as read_only
     from sweep.tenants where token_sha256 = $1
     union all
     select t.name, t.weight, t.max_module_bytes, t.max_fuel, t.max_timeout_ms,
-           t.max_memory_bytes, t.max_running, t.created_at, k.read_only
+           t.max_memory_bytes, t.max_running, t.max_payload_bytes, t.max_result_bytes,
+           t.created_at, k.read_only
     from sweep.tenant_tokens k join sweep.tenants t on t.name = k.tenant
     where k.token_sha256 = $1
     limit 1

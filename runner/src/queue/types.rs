@@ -124,6 +124,36 @@ impl NewTask {
         }
         Ok(())
     }
+
+    /// The payload's size as compact JSON, in bytes (what payload limits are measured in).
+    pub fn payload_bytes(&self) -> usize {
+        let mut counter = ByteCounter(0);
+        // Writing a `Value` to a sink that never fails cannot fail.
+        let _ = serde_json::to_writer(&mut counter, &self.payload);
+        counter.0
+    }
+
+    /// Refuses a payload larger than `max_bytes` of compact JSON.
+    pub fn check_payload(&self, max_bytes: usize) -> Result<(), InvalidTask> {
+        let size = self.payload_bytes();
+        if size > max_bytes {
+            return Err(InvalidTask::PayloadTooLarge { size, limit: max_bytes });
+        }
+        Ok(())
+    }
+}
+
+/// An `io::Write` that only counts.
+struct ByteCounter(usize);
+
+impl std::io::Write for ByteCounter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 = self.0.saturating_add(buf.len());
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A task type names the module that runs it: short, printable, no surprises in URLs or logs.
@@ -175,6 +205,9 @@ pub struct ClaimedTask {
     /// The active module for this task's (tenant, task_type) at claim time; `None` when no
     /// module is registered.
     pub module: Option<ActiveModule>,
+    /// The tenant's limit on the task's result (stdout) in bytes; `None`: the runner's
+    /// default (`--output-bytes`).
+    pub max_result_bytes: Option<i64>,
 }
 
 /// The module version a claimed task runs with.
@@ -231,6 +264,13 @@ mod tests {
             Err(InvalidTask::DelayOutOfRange(_))
         ));
         assert!(matches!(ok().dedup_key("").validate(), Err(InvalidTask::BadDedupKey { .. })));
+        let big = NewTask::new("t", json!({"s": "x".repeat(100)}));
+        assert_eq!(big.payload_bytes(), 108, "compact JSON: {{\"s\":\"x...x\"}}");
+        assert_eq!(big.check_payload(108), Ok(()));
+        assert_eq!(
+            big.check_payload(107),
+            Err(InvalidTask::PayloadTooLarge { size: 108, limit: 107 })
+        );
         assert!(matches!(ok().tenant("").validate(), Err(InvalidTask::BadTenant { .. })));
     }
 }

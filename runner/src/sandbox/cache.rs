@@ -1,75 +1,101 @@
-//! Compiled-module cache keyed by sha256: compile once per module version, run many times.
+//! Compiled-module cache keyed by sha256: compile once per module version, run many times,
+//! within a bound on the memory the compiled modules take.
 //!
-//! Owns: [`ModuleCache`].
+//! Owns: [`ModuleCache`], a `moka` cache weighted by [`CompiledModule::resident_bytes`].
 //!
 //! Invariants:
 //! - an entry under key `k` was compiled from bytes whose SHA-256 is `k` (checked on load);
-//! - concurrent misses for one key load and compile once: later callers await the first;
-//!   a failed load/compile leaves no entry behind, so a later call tries again;
+//! - concurrent misses for one key load and compile once: later callers await the first and
+//!   share its result, error included; a failed load/compile leaves no entry behind, so a
+//!   later call tries again;
 //! - compilation runs on tokio's blocking pool, never on an async worker thread;
-//! - the cache never evicts by itself (modules are few and versions immutable); the worker
-//!   may `remove` keys it knows are unused.
+//! - the entries' summed weight stays within the bound given at construction: past it, the
+//!   least likely to be used again are evicted (moka's TinyLFU admission and LRU eviction).
+//!   Eviction is applied by moka's housekeeping, which runs as the cache is used, so the
+//!   bound can be passed briefly by the entries of the latest writes. An evicted module that
+//!   a running task still holds lives until that task drops it; the next task of that
+//!   version compiles it again;
+//! - one entry larger than the whole bound is not kept (the task still runs with it).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use tokio::sync::OnceCell;
+use moka::future::Cache;
 
 use super::module::{sha256_hex, CompiledModule};
 use super::{BoxError, Sandbox, SandboxError};
 
-type Slot = Arc<OnceCell<Arc<CompiledModule>>>;
+/// How much the compiled modules of one runner may take by default, in bytes.
+pub const DEFAULT_MODULE_CACHE_BYTES: u64 = 256 << 20;
 
 /// sha256 -> compiled module, shared by all tasks of a runner. Cheap to clone.
 #[derive(Clone)]
 pub struct ModuleCache {
     sandbox: Sandbox,
-    slots: Arc<Mutex<HashMap<String, Slot>>>,
+    entries: Cache<String, Arc<CompiledModule>>,
+    max_bytes: u64,
 }
 
 impl fmt::Debug for ModuleCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ModuleCache").field("len", &self.len()).finish_non_exhaustive()
+        f.debug_struct("ModuleCache")
+            .field("entries", &self.entries.entry_count())
+            .field("weighted_bytes", &self.entries.weighted_size())
+            .field("max_bytes", &self.max_bytes)
+            .finish_non_exhaustive()
     }
 }
 
 impl ModuleCache {
-    /// An empty cache compiling with `sandbox`.
+    /// An empty cache compiling with `sandbox`, holding at most
+    /// [`DEFAULT_MODULE_CACHE_BYTES`] of compiled modules.
     pub fn new(sandbox: Sandbox) -> Self {
-        ModuleCache { sandbox, slots: Arc::new(Mutex::new(HashMap::new())) }
+        Self::with_max_bytes(sandbox, DEFAULT_MODULE_CACHE_BYTES)
     }
 
-    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
-        // The map stays consistent even if a holder panicked; recover instead of poisoning.
-        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    /// An empty cache compiling with `sandbox`, holding at most `max_bytes` of compiled
+    /// modules (as estimated by [`CompiledModule::resident_bytes`]).
+    pub fn with_max_bytes(sandbox: Sandbox, max_bytes: u64) -> Self {
+        let entries = Cache::builder()
+            .max_capacity(max_bytes)
+            .weigher(|_: &String, m: &Arc<CompiledModule>| {
+                u32::try_from(m.resident_bytes()).unwrap_or(u32::MAX)
+            })
+            .build();
+        ModuleCache { sandbox, entries, max_bytes }
     }
 
-    fn slot(&self, sha256: &str) -> Slot {
-        self.slots().entry(sha256.to_owned()).or_insert_with(|| Arc::new(OnceCell::new())).clone()
+    /// The bound on the entries' summed weight, in bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
     }
 
-    /// The compiled module for `sha256`, if it is already compiled.
-    pub fn get(&self, sha256: &str) -> Option<Arc<CompiledModule>> {
-        self.slots().get(sha256).and_then(|slot| slot.get().cloned())
+    /// The compiled module for `sha256`, if it is cached.
+    pub async fn get(&self, sha256: &str) -> Option<Arc<CompiledModule>> {
+        self.entries.get(sha256).await
+    }
+
+    /// True when a compiled module for `sha256` is cached (no effect on what is evicted).
+    pub fn contains(&self, sha256: &str) -> bool {
+        self.entries.contains_key(sha256)
     }
 
     /// The compiled module for `sha256`; on a miss, awaits `load` for the bytes, checks their
-    /// hash, and compiles them on the blocking pool.
+    /// hash, and compiles them on the blocking pool. Callers that miss at the same time share
+    /// one load and compile, and its error.
     pub async fn get_or_compile<F, Fut, E>(
         &self,
         sha256: &str,
         load: F,
-    ) -> Result<Arc<CompiledModule>, SandboxError>
+    ) -> Result<Arc<CompiledModule>, Arc<SandboxError>>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Vec<u8>, E>>,
         E: Into<BoxError>,
     {
-        let slot = self.slot(sha256);
-        let result = slot
-            .get_or_try_init(|| async {
+        self.entries
+            .try_get_with_by_ref(sha256, async {
                 let bytes = load().await.map_err(|e| SandboxError::Load {
                     sha256: sha256.to_owned(),
                     source: e.into(),
@@ -77,25 +103,18 @@ impl ModuleCache {
                 self.compile_checked(sha256, bytes).await
             })
             .await
-            .cloned();
-        if result.is_err() {
-            self.forget_empty(sha256, &slot);
-        }
-        result
-    }
-
-    /// Removes `sha256`'s slot if it is still `slot` and still empty (after a failed load).
-    fn forget_empty(&self, sha256: &str, slot: &Slot) {
-        let mut slots = self.slots();
-        if slots.get(sha256).is_some_and(|s| Arc::ptr_eq(s, slot) && !s.initialized()) {
-            slots.remove(sha256);
-        }
     }
 
     /// Compiles `bytes` on the blocking pool and caches the result under their sha256.
-    pub async fn insert(&self, bytes: Vec<u8>) -> Result<Arc<CompiledModule>, SandboxError> {
+    pub async fn insert(&self, bytes: Vec<u8>) -> Result<Arc<CompiledModule>, Arc<SandboxError>> {
         let sha256 = sha256_hex(&bytes);
         self.get_or_compile(&sha256, || async move { Ok::<_, BoxError>(bytes) }).await
+    }
+
+    /// Caches a module compiled elsewhere under its [`CompiledModule::sha256`] (which
+    /// `prepare` computed from the bytes it compiled), replacing any entry of that key.
+    pub async fn insert_compiled(&self, module: Arc<CompiledModule>) {
+        self.entries.insert(module.sha256().to_owned(), module).await;
     }
 
     async fn compile_checked(
@@ -114,26 +133,29 @@ impl ModuleCache {
         Ok(Arc::new(compiled))
     }
 
-    /// Caches `module`, compiled elsewhere (an upload's validation), under its sha256, so the
-    /// first task that runs it does not compile it again. An entry already there is kept.
-    pub fn insert_compiled(&self, module: Arc<CompiledModule>) {
-        let slot = self.slot(module.sha256());
-        // Err: the slot already holds a module compiled from the same bytes.
-        let _ = slot.set(module);
+    /// Drops the entry for `sha256`; returns whether there was one.
+    pub async fn remove(&self, sha256: &str) -> bool {
+        self.entries.remove(sha256).await.is_some()
     }
 
-    /// Drops the entry for `sha256`; returns whether there was a compiled module.
-    pub fn remove(&self, sha256: &str) -> bool {
-        self.slots().remove(sha256).is_some_and(|slot| slot.initialized())
+    /// Applies pending evictions and counts now, so [`Self::len`] and
+    /// [`Self::weighted_bytes`] are exact (they lag the latest writes otherwise).
+    pub async fn settle(&self) {
+        self.entries.run_pending_tasks().await;
     }
 
-    /// Number of compiled modules held.
-    pub fn len(&self) -> usize {
-        self.slots().values().filter(|s| s.initialized()).count()
+    /// Number of compiled modules held (as of the last housekeeping, see [`Self::settle`]).
+    pub fn len(&self) -> u64 {
+        self.entries.entry_count()
     }
 
-    /// True when no module is compiled.
+    /// True when no module is held (as [`Self::len`] counts).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The entries' summed weight in bytes (as of the last housekeeping).
+    pub fn weighted_bytes(&self) -> u64 {
+        self.entries.weighted_size()
     }
 }

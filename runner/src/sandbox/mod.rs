@@ -15,7 +15,8 @@
 //!
 //! Files: `config` (settings, limits), `engine` (engine + ticker), `limits` (structural
 //! limits, compile budget), `compiler` (where compiles run: child process or in process),
-//! `module` (validation, compiled form), `cache` (sha256 -> compiled), `store` (per-task state), `run` (one task),
+//! `module` (validation, compiled form), `cache` (sha256 -> compiled, bounded by bytes),
+//! `store` (per-task state), `run` (one task),
 //! `pipes` (bounded stdio), `outcome` (classification).
 
 mod cache;
@@ -36,7 +37,7 @@ use std::sync::Arc;
 
 use wasmtime::{Engine, Linker};
 
-pub use cache::ModuleCache;
+pub use cache::{ModuleCache, DEFAULT_MODULE_CACHE_BYTES};
 pub use compiler::{
     compile_module_main, CompileStats, CompilerKind, COMPILE_NICE, COMPILE_SUBCOMMAND,
 };
@@ -53,7 +54,8 @@ pub use limits::{
     DEFAULT_MAX_LOCALS,
 };
 pub use module::{
-    sha256_hex, CompiledModule, ModuleInfo, ValidationError, START_EXPORT, WASI_MODULE,
+    sha256_hex, CompiledModule, ModuleInfo, ValidationError, ENTRY_OVERHEAD_BYTES,
+    IMAGE_OVERHEAD_DIVISOR, START_EXPORT, WASI_MODULE,
 };
 pub use outcome::{Execution, Outcome, TrapCause, MESSAGE_MAX_BYTES, PERMANENT_EXIT_CODE};
 pub use run::{CAPACITY_WAIT, STDERR_TAIL_BYTES};

@@ -15,7 +15,10 @@
 //!   own words, the on-demand one only when a task runs);
 //! - a module over a structural limit is refused before compiling, and the compile itself
 //!   goes through the sandbox's `Compiler` (child process and budget, see `compiler`);
-//! - a [`CompiledModule`]'s `sha256` is the hex SHA-256 of the exact bytes it was built from.
+//! - a [`CompiledModule`]'s `sha256` is the hex SHA-256 of the exact bytes it was built from;
+//! - [`CompiledModule::resident_bytes`] (what the module cache weighs it by) is its compiled
+//!   image, rounded up to whole pages, plus its measured overhead ([`ENTRY_OVERHEAD_BYTES`]
+//!   and a [`IMAGE_OVERHEAD_DIVISOR`]-th of the image).
 
 use std::fmt;
 
@@ -122,7 +125,26 @@ pub struct CompiledModule {
     pub(crate) pre: wasmtime::InstancePre<StoreState>,
     pub(crate) start: ModuleExport,
     info: ModuleInfo,
+    /// Length of the compiled image (code, data, metadata) wasmtime keeps for it.
+    image_bytes: usize,
 }
+
+/// What one compiled module costs a runner beyond its compiled image: wasmtime's module and
+/// instance-pre state, the linker definitions it resolved, the cache entry. Measured, not
+/// guessed, by `sweep-bench module-footprint` (distinct copies compiled into the cache and
+/// held; growth of the resident set per module, less the image in whole pages): about 4.7 KB
+/// plus 4.1% of the image. Tiny modules (16 KiB of image pages): 4,468 to 5,320 bytes over
+/// 1,000 to 10,000 modules; modules/noop (299,008): 16,818; modules/wordcount (454,656):
+/// 23,142. Weighed as this constant plus [`IMAGE_OVERHEAD_DIVISOR`]-th of the image, which
+/// covers each measurement (see docs/architecture.md, "Bounded memory").
+pub const ENTRY_OVERHEAD_BYTES: usize = 6 * 1024;
+
+/// The part of the per-entry overhead that grows with the module: one byte per this many
+/// bytes of image pages (4.2%; measured 4.1%, see [`ENTRY_OVERHEAD_BYTES`]).
+pub const IMAGE_OVERHEAD_DIVISOR: usize = 24;
+
+/// The page size images are mapped in.
+const PAGE_BYTES: usize = 4096;
 
 impl CompiledModule {
     /// Hex SHA-256 of the bytes this was compiled from (the module cache key).
@@ -133,6 +155,19 @@ impl CompiledModule {
     /// What validation learned about the module.
     pub fn info(&self) -> &ModuleInfo {
         &self.info
+    }
+
+    /// Length of its compiled image in bytes (`wasmtime::Module::image_range`).
+    pub fn image_bytes(&self) -> usize {
+        self.image_bytes
+    }
+
+    /// The memory this compiled module keeps resident, as the module cache weighs it: its
+    /// image in whole pages, plus [`ENTRY_OVERHEAD_BYTES`] and a [`IMAGE_OVERHEAD_DIVISOR`]-th
+    /// of those pages.
+    pub fn resident_bytes(&self) -> usize {
+        let pages = self.image_bytes.div_ceil(PAGE_BYTES).saturating_mul(PAGE_BYTES);
+        pages + pages / IMAGE_OVERHEAD_DIVISOR + ENTRY_OVERHEAD_BYTES
     }
 }
 
@@ -245,9 +280,12 @@ pub(crate) fn prepare(
         }
     })?;
 
+    let image = module.image_range();
+    let image_bytes = (image.end as usize).saturating_sub(image.start as usize);
     Ok(CompiledModule {
         pre,
         start,
+        image_bytes,
         info: ModuleInfo { sha256: sha256_hex(bytes), size_bytes: bytes.len(), wasi_imports },
     })
 }

@@ -112,10 +112,12 @@ impl Outcome {
     }
 
     /// True when the failure must not be retried: the handler exited with
-    /// [`PERMANENT_EXIT_CODE`]. Every other failure is retryable (the worker decides what to
-    /// do with `ModuleMissing`).
+    /// [`PERMANENT_EXIT_CODE`], or its result passed the output limit (the limit is the
+    /// tenant's or the runner's, fixed for the task, and a guest has no input but its payload:
+    /// another attempt would write as much again). Every other failure is retryable (the
+    /// worker decides what to do with `ModuleMissing`).
     pub fn is_permanent(&self) -> bool {
-        matches!(self, Outcome::HandlerError { permanent: true, .. })
+        matches!(self, Outcome::HandlerError { permanent: true, .. } | Outcome::OutputTooLarge)
     }
 
     /// One-line description for the error history (`None` on success).
@@ -380,7 +382,8 @@ mod tests {
             assert_eq!(outcome.failure_kind(), kind);
             assert_eq!(outcome.is_success(), kind.is_none());
             assert_eq!(outcome.message().is_none(), kind.is_none());
-            assert!(!outcome.is_permanent());
+            let permanent = kind == Some(FailureKind::OutputTooLarge);
+            assert_eq!(outcome.is_permanent(), permanent, "{kind:?}");
         }
     }
 

@@ -57,7 +57,7 @@ pub(super) async fn execute(
                     Ok(compiled) => {
                         let limits = Limits::resolve(
                             &config.sandbox.defaults,
-                            &overrides(&module.settings),
+                            &overrides(&module.settings, task.max_result_bytes),
                             &config.sandbox.maxima,
                         );
                         let input = TaskInput::new(
@@ -84,14 +84,15 @@ pub(super) async fn execute(
     .await
 }
 
-/// Limits from the module's registry settings (the sandbox caps them by the runner maxima).
-fn overrides(s: &ModuleSettings) -> LimitOverrides {
+/// Limits from the module's registry settings and the tenant's result limit, which bounds the
+/// task's stdout (the sandbox caps them all by the runner maxima).
+fn overrides(s: &ModuleSettings, max_result_bytes: Option<i64>) -> LimitOverrides {
     let positive = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).filter(|&v| v > 0);
     LimitOverrides {
         fuel: positive(s.fuel),
         timeout: positive(s.timeout_ms).map(Duration::from_millis),
         memory_bytes: positive(s.memory_bytes),
-        output_bytes: None,
+        output_bytes: positive(max_result_bytes).map(|v| usize::try_from(v).unwrap_or(usize::MAX)),
     }
 }
 
@@ -147,7 +148,9 @@ mod tests {
             memory_bytes: Some(1 << 20),
             ..Default::default()
         };
-        let o = overrides(&s);
+        let o = overrides(&s, Some(0));
         assert_eq!((o.fuel, o.timeout, o.memory_bytes), (None, None, Some(1 << 20)));
+        assert_eq!(o.output_bytes, None);
+        assert_eq!(overrides(&s, Some(512)).output_bytes, Some(512));
     }
 }

@@ -106,7 +106,7 @@ where
         queue::register_module(state.store(), &tenant, &task_type, &info.sha256, &bytes, &settings)
             .await?;
     if let Some(cache) = state.modules() {
-        cache.insert_compiled(compiled);
+        cache.insert_compiled(compiled).await;
     }
     let m = registered.module;
     tracing::info!(%tenant, %task_type, version = m.version, sha256 = %m.sha256,
@@ -136,7 +136,11 @@ async fn validate(
     bytes: Bytes,
     memory_limit_bytes: u64,
 ) -> Result<Arc<CompiledModule>, ApiError> {
-    if let Some(cached) = state.modules().and_then(|cache| cache.get(&sha256_hex(&bytes))) {
+    let cached = match state.modules() {
+        Some(cache) => cache.get(&sha256_hex(&bytes)).await,
+        None => None,
+    };
+    if let Some(cached) = cached {
         // Compiled and checked against the contract before; only the limit is new.
         check_initial_memory(&bytes, memory_limit_bytes)?;
         return Ok(cached);

@@ -1,8 +1,9 @@
 //! Task routes: enqueue one or a batch, show one, cancel one.
 //!
-//! Invariant: a task is only enqueued for a task type its tenant has an active module for
-//! (anything else could only end in the dead-letter table); a batch is checked whole before
-//! any of it is written.
+//! Invariants: a task is only enqueued for a task type its tenant has an active module for
+//! (anything else could only end in the dead-letter table); a payload larger than the
+//! tenant's limit (`max_payload_bytes`, else the deployment's) is refused with 413
+//! `payload_too_large`; a batch is checked whole before any of it is written.
 
 use std::collections::HashSet;
 
@@ -15,7 +16,7 @@ use crate::admin::models::{BatchResponse, EnqueueRequest};
 use crate::admin::openapi as doc;
 use crate::admin::params::{Query, TenantParam};
 use crate::admin::AdminState;
-use crate::queue::{self, Enqueued, NewTask, TaskId, TaskView};
+use crate::queue::{self, Enqueued, NewTask, TaskId, TaskView, TenantCaps};
 
 /// `{id}` in a path, as documented.
 #[allow(dead_code)] // only describes the parameter; the route parses it
@@ -25,6 +26,13 @@ pub struct TaskIdPath {
     /// The task's id (ids are global: no tenant needed).
     #[param(value_type = i64)]
     pub id: TaskId,
+}
+
+/// The payload limit of a tenant with these caps: its own, else the deployment's.
+fn payload_limit(state: &AdminState, caps: &TenantCaps) -> usize {
+    caps.max_payload_bytes
+        .and_then(|v| usize::try_from(v).ok())
+        .unwrap_or(state.config().max_payload_bytes)
 }
 
 fn tenant_param(query: Vec<(String, String)>) -> Result<Option<String>, ApiError> {
@@ -87,11 +95,14 @@ pub async fn enqueue(
     request: EnqueueRequest,
 ) -> Answer {
     let requested = tenant_param(query)?;
-    let (tenant, _) = caller.write_target(state.store(), requested.as_deref()).await?;
+    let (tenant, caps) = caller.write_target(state.store(), requested.as_deref()).await?;
+    let limit = payload_limit(&state, &caps);
     let task = request.into_task(&tenant)?;
-    task.validate().map_err(|e| ApiError::from(queue::QueueError::from(e)))?;
+    task.validate()
+        .and_then(|()| task.check_payload(limit))
+        .map_err(|e| ApiError::from(queue::QueueError::from(e)))?;
     check_modules(&state, &tenant, std::slice::from_ref(&task)).await?;
-    let enqueued = queue::enqueue(state.store(), task).await?;
+    let enqueued = queue::enqueue_within(state.store(), task, limit).await?;
     Ok(created_or_ok(enqueued.created, &enqueued))
 }
 
@@ -134,17 +145,20 @@ pub async fn enqueue_batch(
             format!("a batch holds at most {max} tasks, got {}", requests.len()),
         ));
     }
-    let (tenant, _) = caller.write_target(state.store(), requested.as_deref()).await?;
+    let (tenant, caps) = caller.write_target(state.store(), requested.as_deref()).await?;
+    let limit = payload_limit(&state, &caps);
     let mut tasks = Vec::with_capacity(requests.len());
     for (index, request) in requests.into_iter().enumerate() {
         let in_batch =
             |e: ApiError| ApiError { message: format!("task {index}: {}", e.message), ..e };
         let task = request.into_task(&tenant).map_err(in_batch)?;
-        task.validate().map_err(|e| in_batch(queue::QueueError::from(e).into()))?;
+        task.validate()
+            .and_then(|()| task.check_payload(limit))
+            .map_err(|e| in_batch(queue::QueueError::from(e).into()))?;
         tasks.push(task);
     }
     check_modules(&state, &tenant, &tasks).await?;
-    let enqueued = queue::enqueue_many(state.store(), &tasks).await?;
+    let enqueued = queue::enqueue_many_within(state.store(), &tasks, limit).await?;
     Ok(json(StatusCode::CREATED, &BatchResponse { tasks: enqueued }))
 }
 

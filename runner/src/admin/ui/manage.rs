@@ -112,7 +112,8 @@ pub async fn tenants(state: AdminState, s: Session, q: Pairs) -> Page {
             thead { tr {
                 th { "tenant" } th.num { "weight" } th.num { "max running" }
                 th.num { "max module bytes" } th.num { "max fuel" } th.num { "max timeout ms" }
-                th.num { "max memory bytes" } th { "created" }
+                th.num { "max memory bytes" } th.num { "max payload bytes" }
+                th.num { "max result bytes" } th { "created" }
                 @if s.is_operator() { th { "change weight" } }
             } }
             tbody {
@@ -125,6 +126,8 @@ pub async fn tenants(state: AdminState, s: Session, q: Pairs) -> Page {
                         td.num { (cap(t.caps.max_fuel)) }
                         td.num { (cap(t.caps.max_timeout_ms)) }
                         td.num { (cap(t.caps.max_memory_bytes)) }
+                        td.num { (cap(t.caps.max_payload_bytes)) }
+                        td.num { (cap(t.caps.max_result_bytes)) }
                         td { (time(t.created_at)) }
                         @if s.is_operator() {
                             td {

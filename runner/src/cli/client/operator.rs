@@ -26,6 +26,11 @@ pub struct AdminServerArgs {
     /// Largest module upload in MiB (tenants may be capped lower).
     #[arg(long, env = "SWEEP_MAX_MODULE_MB", default_value_t = admin::DEFAULT_MAX_MODULE_BYTES >> 20)]
     pub max_module_mb: usize,
+    /// Largest task payload in bytes of compact JSON, for tenants without a limit of their
+    /// own (`sweep tenant caps --max-payload-bytes`). A larger one is refused with 413
+    /// `payload_too_large`.
+    #[arg(long, env = "SWEEP_MAX_PAYLOAD_BYTES", default_value_t = admin::DEFAULT_MAX_PAYLOAD_BYTES)]
+    pub max_payload_bytes: usize,
 }
 
 impl AdminServerArgs {
@@ -33,6 +38,7 @@ impl AdminServerArgs {
         AdminConfig {
             operator_token: self.operator_token.clone(),
             max_module_bytes: self.max_module_mb.saturating_mul(1 << 20),
+            max_payload_bytes: self.max_payload_bytes,
             ..AdminConfig::default()
         }
     }
@@ -140,6 +146,14 @@ pub struct TenantCreateArgs {
     /// Most memory a module of this tenant may ask for, in MiB.
     #[arg(long)]
     pub max_memory_mb: Option<i64>,
+    /// Largest task payload the tenant may enqueue, in bytes of compact JSON (default: the
+    /// admin API's --max-payload-bytes).
+    #[arg(long)]
+    pub max_payload_bytes: Option<i64>,
+    /// Largest result (stdout) a task of the tenant may write, in bytes (default: the
+    /// runner's --output-bytes).
+    #[arg(long)]
+    pub max_result_bytes: Option<i64>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -163,6 +177,12 @@ pub struct TenantCapsArgs {
     /// Most memory a module may ask for in MiB, or `none`.
     #[arg(long, value_name = "MIB|none")]
     pub max_memory_mb: Option<Cap>,
+    /// Largest task payload in bytes of compact JSON, or `none` (the deployment default).
+    #[arg(long, value_name = "BYTES|none")]
+    pub max_payload_bytes: Option<Cap>,
+    /// Largest task result (stdout) in bytes, or `none` (the runner default).
+    #[arg(long, value_name = "BYTES|none")]
+    pub max_result_bytes: Option<Cap>,
     #[command(flatten)]
     pub client: super::ClientArgs,
 }
@@ -206,6 +226,8 @@ fn caps_body(args: &TenantCapsArgs) -> anyhow::Result<serde_json::Value> {
         ("max_fuel", args.max_fuel, 1),
         ("max_timeout_ms", args.max_timeout_ms, 1),
         ("max_memory_bytes", args.max_memory_mb, 1 << 20),
+        ("max_payload_bytes", args.max_payload_bytes, 1),
+        ("max_result_bytes", args.max_result_bytes, 1),
     ] {
         if let Some(cap) = cap {
             body.insert(field.to_owned(), cap.to_json(scale)?);
@@ -260,13 +282,16 @@ pub async fn tenant(command: TenantCommand) -> anyhow::Result<()> {
                 };
                 println!(
                     "tenant {}: max_running {}, max_module_bytes {}, max_fuel {}, \
-                     max_timeout_ms {}, max_memory_bytes {}",
+                     max_timeout_ms {}, max_memory_bytes {}, max_payload_bytes {}, \
+                     max_result_bytes {}",
                     print::cell(&answer["name"]),
                     cap("max_running"),
                     cap("max_module_bytes"),
                     cap("max_fuel"),
                     cap("max_timeout_ms"),
                     cap("max_memory_bytes"),
+                    cap("max_payload_bytes"),
+                    cap("max_result_bytes"),
                 );
             }
             Ok(())
@@ -281,6 +306,8 @@ async fn create(args: TenantCreateArgs) -> anyhow::Result<()> {
         max_timeout_ms: args.max_timeout_ms,
         max_memory_bytes: args.max_memory_mb.map(|mb| mb.saturating_mul(1 << 20)),
         max_running: args.max_running,
+        max_payload_bytes: args.max_payload_bytes,
+        max_result_bytes: args.max_result_bytes,
     };
     let store = args.db.admin_store(2).await?;
     let created = admin::create_tenant(&store, &args.name, &caps).await;
@@ -334,6 +361,8 @@ async fn list(db: DatabaseArgs, json: bool) -> anyhow::Result<()> {
                 opt(c.max_fuel),
                 opt(c.max_timeout_ms),
                 c.max_memory_bytes.map_or_else(|| "-".into(), |b| print::bytes(b.unsigned_abs())),
+                c.max_payload_bytes.map_or_else(|| "-".into(), |b| print::bytes(b.unsigned_abs())),
+                c.max_result_bytes.map_or_else(|| "-".into(), |b| print::bytes(b.unsigned_abs())),
                 t.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
             ]
         })
@@ -347,6 +376,8 @@ async fn list(db: DatabaseArgs, json: bool) -> anyhow::Result<()> {
             "MAX_FUEL",
             "MAX_TIMEOUT_MS",
             "MAX_MEMORY",
+            "MAX_PAYLOAD",
+            "MAX_RESULT",
             "CREATED",
         ],
         &rows,
@@ -377,6 +408,10 @@ mod tests {
             "none",
             "--max-memory-mb",
             "2",
+            "--max-payload-bytes",
+            "4096",
+            "--max-result-bytes",
+            "none",
             "--token",
             "x",
         ])
@@ -384,7 +419,8 @@ mod tests {
         let body = caps_body(&cli.caps).unwrap();
         assert_eq!(
             body,
-            json!({"max_running": 4, "max_fuel": null, "max_memory_bytes": 2 * 1024 * 1024})
+            json!({"max_running": 4, "max_fuel": null, "max_memory_bytes": 2 * 1024 * 1024,
+                   "max_payload_bytes": 4096, "max_result_bytes": null})
         );
         let cli = Cli::try_parse_from(["t", "acme", "--token", "x"]).unwrap();
         assert!(caps_body(&cli.caps).is_err(), "nothing to change is an error");
