@@ -10,7 +10,7 @@ use super::session::{self, Session};
 use super::{chart, query, Page, Pairs};
 use crate::admin::auth::identify_token;
 use crate::admin::AdminState;
-use crate::queue;
+use crate::queue::{self, TaskState};
 
 pub fn login_page(error: Option<&str>, status: StatusCode) -> Response {
     let body = html! {
@@ -97,8 +97,7 @@ pub async fn overview(state: AdminState, s: Session, q: Pairs) -> Page {
                 table #queues {
                     thead { tr {
                         th { "tenant" } th { "task type" }
-                        th.num { "pending" } th.num { "running" } th.num { "retrying" }
-                        th.num { "succeeded" } th.num { "cancelled" } th.num { "dead" }
+                        @for state in TaskState::ALL { th.num { (state.as_str()) } }
                         th.num { "oldest due" } th.num { "failures 1 h" } th.num { "done 1 min" }
                     } }
                     tbody {
