@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod args;
 pub mod config;
+mod errors;
 pub mod metrics;
 pub mod queue;
 pub mod sandbox;

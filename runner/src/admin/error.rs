@@ -16,6 +16,7 @@ use warp::reply::{Reply, Response};
 use warp::Rejection;
 
 use super::models::{ErrorDetail, ErrorResponse};
+use crate::errors::error_chain;
 use crate::queue::{InvalidTask, QueueError, TenantError};
 use crate::sandbox::ValidationError;
 
@@ -80,17 +81,6 @@ impl ApiError {
         }
         response
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 impl From<QueueError> for ApiError {

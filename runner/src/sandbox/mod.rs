@@ -180,8 +180,7 @@ impl Sandbox {
         bytes: &[u8],
         memory_limit_bytes: u64,
     ) -> Result<ModuleInfo, ValidationError> {
-        module::check_initial_memory(bytes, memory_limit_bytes)?;
-        self.validate_module(bytes)
+        self.compile_for(bytes, memory_limit_bytes).map(|m| m.info().clone())
     }
 
     /// Validates and compiles `bytes` into a module ready to run. CPU-heavy: from async code,

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tracing::{field::Empty, Instrument};
 
 use super::Report;
+use crate::errors::error_chain;
 use crate::{
     config::WorkerConfig,
     queue::{self, ClaimedTask, ModuleSettings, Store},
@@ -94,19 +95,6 @@ fn overrides(s: &ModuleSettings, max_result_bytes: Option<i64>) -> LimitOverride
         memory_bytes: positive(s.memory_bytes),
         output_bytes: positive(max_result_bytes).map(|v| usize::try_from(v).unwrap_or(usize::MAX)),
     }
-}
-
-/// `e` and its sources, `: `-separated (a compile limit or the compiler's failure is the
-/// source of "invalid module").
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn not_run(outcome: Outcome) -> Execution {
