@@ -2,8 +2,7 @@
 //! server connections per database so that the stores' many clients really share them. The
 //! claim/complete path on pooled runner and admin stores; a runner end to end with its LISTEN
 //! on a direct connection, and with none (polling); cron ticks (a transaction per pass);
-//! `sweep migrate` and the other commands
-//! through the pooler; and, as the control, a store unaware of the pooler breaking.
+//! `sweep migrate` and the other commands through the pooler; and, as the control, a store unaware of the pooler breaking.
 //!
 //! These fail if a pooled store sent named prepared statements (a client's statement then
 //! meets server connections that never saw it, or saw another client's of the same name), or

@@ -852,6 +852,51 @@ mod tests {
     }
 
     #[test]
+    fn odd_expressions_parse_or_are_refused_without_panicking() {
+        let odd = [
+            "@",
+            "@reboot",
+            "@hourly",
+            "L",
+            "#",
+            "5#",
+            "1-",
+            "-1",
+            "*/",
+            "/",
+            "/5 * * * *",
+            "ÄÖ * * * *",
+            "0 0 L * *",
+            "0 0 * * 5#9",
+            "0 0 31W * *",
+            "? ? ? ? ?",
+            "1,,2 * * * *",
+            "99999999999999999999 * * * *",
+            " ",
+            "\u{0}",
+            "W",
+            "LW * * * *",
+            "* * * * 7#L",
+            "* * * * +MON",
+            "0 0 29 2 *",
+            "5-1 * * * *",
+            "*/60 * * * *",
+            "* * * * * * * *",
+            "0 0 1-31/0 * *",
+            "0 0 * * MON-SUN#2",
+            "٣ * * * *",
+            "0x10 * * * *",
+        ];
+        for expr in odd {
+            if let Ok(spec) = CronSpec::parse(expr, "UTC") {
+                let t = utc(2026, 12, 1, 0, 0, 0);
+                let next = spec.next_after(t);
+                assert!(next.is_some_and(|n| n > t), "{expr:?}: {next:?}");
+            }
+        }
+    }
+
+    #[test]
     fn missed_ticks_follow_the_catch_up_policy() {
         let spec = CronSpec::parse("0 * * * * *", "UTC").unwrap();
         let due = utc(2026, 12, 1, 10, 0, 0);
