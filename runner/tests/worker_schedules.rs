@@ -132,6 +132,22 @@ async fn each_tick_yields_one_task_with_three_runners_and_a_restarted_one(
     for (tick, _) in &all_after {
         assert_eq!(tick.timestamp_subsec_nanos(), 0, "ticks are whole seconds: {tick}");
     }
+    // Each task was enqueued soon after its tick (by the database's clock), not a period late.
+    let lateness: Vec<f64> = sqlx::query_scalar(
+        r#"
+        select extract(epoch from created_at - substr(dedup_key, length('schedule:' || $1 || ':') + 1)::timestamptz)::float8
+        from (select dedup_key, created_at from sweep.tasks
+              union all select dedup_key, created_at from sweep.finished_tasks) t
+        where dedup_key like 'schedule:' || $1 || ':%'
+        "#,
+    )
+    .bind(s.id.to_string())
+    .fetch_all(&pool)
+    .await
+    .expect("lateness");
+    let worst = lateness.iter().copied().fold(0.0_f64, f64::max);
+    eprintln!("{} ticks, enqueued at most {worst:.3} s after their time", lateness.len());
+    assert!(lateness.iter().all(|l| (0.0..5.0).contains(l)), "ticks enqueued late: {lateness:?}");
     // The schedule names its latest tick and task.
     let (last_tick, _) = all_after.iter().next_back().expect("a tick");
     let row = schedule(&pool, "every-second").await;
