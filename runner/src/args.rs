@@ -140,6 +140,10 @@ pub struct WorkerArgs {
     /// How often the reaper looks for expired leases, in milliseconds.
     #[arg(long, env = "SWEEP_REAPER_MS", default_value_t = crate::config::DEFAULT_REAPER_INTERVAL.as_millis() as u64)]
     pub reaper_ms: u64,
+    /// The longest the cron scheduler sleeps between passes, in milliseconds (it wakes at the
+    /// next due tick sooner); 0: this runner runs no schedules.
+    #[arg(long, env = "SWEEP_SCHEDULER_MS", default_value_t = crate::config::DEFAULT_SCHEDULER_INTERVAL.as_millis() as u64)]
+    pub scheduler_ms: u64,
     /// Seconds finished reports wait for an unreachable Postgres before they are given up
     /// (their tasks then run again): a task that finishes during a shorter outage is recorded
     /// as finished.
@@ -200,6 +204,8 @@ impl WorkerArgs {
                 vacuum_interval: (self.vacuum_ms > 0)
                     .then(|| Duration::from_millis(self.vacuum_ms)),
                 reaper_interval: Duration::from_millis(self.reaper_ms),
+                scheduler_interval: (self.scheduler_ms > 0)
+                    .then(|| Duration::from_millis(self.scheduler_ms)),
                 ..MaintenanceConfig::default()
             },
             ..WorkerConfig::default()

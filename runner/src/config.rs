@@ -23,6 +23,9 @@ pub const DEFAULT_VACUUM_INTERVAL: Duration = Duration::from_secs(10);
 /// How often a runner checks queue hints that say nothing is due (see
 /// `queue::repair_queue_hints`).
 pub const DEFAULT_HINT_REPAIR_INTERVAL: Duration = Duration::from_secs(5);
+/// The longest a runner's cron scheduler sleeps between passes (it wakes at the next due tick
+/// sooner; see `worker/scheduler.rs`).
+pub const DEFAULT_SCHEDULER_INTERVAL: Duration = Duration::from_secs(1);
 /// Runner rows silent for this long are pruned from `runners`.
 pub const DEFAULT_RUNNER_EXPIRY: Duration = Duration::from_secs(3600);
 /// Most reports written in one completion statement.
@@ -77,6 +80,8 @@ pub struct MaintenanceConfig {
     pub hint_repair_interval: Duration,
     /// Vacuum the live table this often; `None` leaves it to autovacuum.
     pub vacuum_interval: Option<Duration>,
+    /// Run due cron schedules, looking at least this often; `None`: this runner runs none.
+    pub scheduler_interval: Option<Duration>,
 }
 
 impl Default for MaintenanceConfig {
@@ -89,6 +94,7 @@ impl Default for MaintenanceConfig {
             runner_expiry: DEFAULT_RUNNER_EXPIRY,
             hint_repair_interval: DEFAULT_HINT_REPAIR_INTERVAL,
             vacuum_interval: Some(DEFAULT_VACUUM_INTERVAL),
+            scheduler_interval: Some(DEFAULT_SCHEDULER_INTERVAL),
         }
     }
 }
@@ -163,6 +169,7 @@ impl WorkerConfig {
             ("retention_interval", self.maintenance.retention_interval),
             ("hint_repair_interval", self.maintenance.hint_repair_interval),
             ("vacuum_interval", self.maintenance.vacuum_interval.unwrap_or(Duration::MAX)),
+            ("scheduler_interval", self.maintenance.scheduler_interval.unwrap_or(Duration::MAX)),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::Zero(name));

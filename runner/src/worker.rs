@@ -6,8 +6,8 @@
 //! and admin API. Each hands its outcome to the reporter, which writes completions and failures
 //! back in batches while the lanes already claim the next batch.
 //! Heartbeats renew the leases of the tasks this runner executes or still holds a report for
-//! (`liveness`); maintenance runs the reaper, retention, runner pruning and the repair of
-//! queue hints.
+//! (`liveness`); maintenance runs the reaper, retention, runner pruning, the repair of
+//! queue hints and the cron scheduler (`scheduler`).
 //!
 //! Spare slots: while every slot is busy, a lane woken by an enqueue claims in
 //! [`ClaimMode::Starved`] into the spare slots (instances beyond `concurrency`): one task each
@@ -32,6 +32,7 @@ mod guests;
 mod liveness;
 mod maintenance;
 mod report;
+mod scheduler;
 
 use std::{
     collections::HashMap,

@@ -424,6 +424,40 @@ async fn live_answers_validate_against_the_document(_: PgPoolOptions, db: PgConn
     assert_eq!(c.call("post", requeue, &not_dead, t, None).await.0, 404);
     assert_eq!(c.call("post", requeue, &path, None, None).await.0, 401);
 
+    // Cron schedules.
+    let schedules = "/v1/schedules";
+    let nightly = json!({"name": "nightly", "cron": "0 2 * * *", "timezone": "Europe/Berlin",
+                         "task_type": "wordcount", "payload": {"text": "a b"}});
+    assert_eq!(c.json("post", schedules, schedules, t, &nightly).await.0, 201);
+    assert_eq!(c.json("post", schedules, schedules, t, &nightly).await.0, 409);
+    let bad_cron = json!({"name": "x", "cron": "61 * * * *", "task_type": "wordcount"});
+    assert_eq!(c.json("post", schedules, schedules, t, &bad_cron).await.0, 422);
+    assert_eq!(c.json("post", schedules, schedules, t, &json!({"name": "x"})).await.0, 400);
+    let (s, _) =
+        c.call("post", schedules, schedules, t, Some(("text/plain", b"{}".to_vec()))).await;
+    assert_eq!(s, 415);
+    let huge = json!({"name": "x", "cron": "* * * * *", "task_type": "wordcount",
+                      "payload": {"text": "x".repeat(70_000)}});
+    assert_eq!(c.json("post", schedules, schedules, t, &huge).await.0, 413);
+    assert_eq!(c.get(schedules, schedules, t).await.0, 200);
+    assert_eq!(c.get(schedules, "/v1/schedules?tenant=acme", op).await.0, 200);
+    assert_eq!(c.get(schedules, schedules, None).await.0, 401);
+    let one_schedule = "/v1/schedules/{name}";
+    assert_eq!(c.get(one_schedule, "/v1/schedules/nightly", t).await.0, 200);
+    assert_eq!(c.get(one_schedule, "/v1/schedules/absent", t).await.0, 404);
+    assert_eq!(c.get(one_schedule, "/v1/schedules/a%20b", t).await.0, 400);
+    for action in ["pause", "resume"] {
+        let template = format!("/v1/schedules/{{name}}/{action}");
+        let path = format!("/v1/schedules/nightly/{action}");
+        assert_eq!(c.call("post", &template, &path, t, None).await.0, 200);
+        let absent = format!("/v1/schedules/absent/{action}");
+        assert_eq!(c.call("post", &template, &absent, t, None).await.0, 404);
+    }
+    assert_eq!(c.call("delete", one_schedule, "/v1/schedules/absent", t, None).await.0, 404);
+    let kept = json!({"name": "kept", "cron": "*/5 * * * * *", "task_type": "wordcount"});
+    assert_eq!(c.json("post", schedules, schedules, t, &kept).await.0, 201);
+    assert_eq!(c.call("delete", one_schedule, "/v1/schedules/nightly", t, None).await.0, 200);
+
     // Statistics and tenants.
     assert_eq!(c.get("/v1/stats", "/v1/stats", t).await.0, 200);
     let (s, stats) = c.get("/v1/stats", "/v1/stats", op).await;
@@ -496,6 +530,7 @@ async fn live_answers_validate_against_the_document(_: PgPoolOptions, db: PgConn
         ("post", batch, Some(("application/json", json!([task]).to_string().into_bytes()))),
         ("get", "/v1/dead", None),
         ("get", "/v1/stats", None),
+        ("get", "/v1/schedules", None),
     ] {
         let (s, e) = c.call(method, template, &other(&fill(template)), t, body).await;
         assert_eq!(

@@ -1,8 +1,8 @@
 //! Sweep behind PgBouncer in transaction pooling mode: a real pgbouncer per test, with two
 //! server connections per database so that the stores' many clients really share them. The
 //! claim/complete path on pooled runner and admin stores; a runner end to end with its LISTEN
-//! on a direct connection, and with none (polling); `sweep migrate` and the other commands
-//! through the pooler; and, as the control, a store unaware of the pooler breaking.
+//! on a direct connection, and with none (polling); cron ticks (a transaction per pass);
+//! `sweep migrate` and the other commands through the pooler; and, as the control, a store unaware of the pooler breaking.
 //!
 //! These fail if a pooled store sent named prepared statements (a client's statement then
 //! meets server connections that never saw it, or saw another client's of the same name), or
@@ -328,4 +328,41 @@ async fn named_statements_break_through_the_pooler(_: PgPoolOptions, db: PgConne
         errors.iter().any(|e| e.contains("prepared statement")),
         "named statements survived the pooler: {errors:?}"
     );
+}
+
+#[sqlx::test(migrations = false)]
+async fn cron_ticks_go_through_the_pooler_one_task_each(_: PgPoolOptions, db: PgConnectOptions) {
+    let Behind { direct, runner, admin, _bouncer } = behind_pgbouncer(db, false).await;
+    let bytes = sweep_dev::modules::empty_module();
+    let sha = sweep::sandbox::sha256_hex(&bytes);
+    queue::register_module(&admin, "default", "tick", &sha, &bytes, &Default::default())
+        .await
+        .unwrap();
+    let every_second =
+        queue::NewSchedule::new("s", "* * * * * *", "tick").overlap(queue::Overlap::Allow);
+    let s = queue::create_schedule(&admin, &every_second).await.unwrap();
+    // Two schedulers through the pooler's two server connections, racing for each tick.
+    let workers =
+        [start_worker_on(&runner, test_config()), start_worker_on(&runner, test_config())];
+    let pattern = format!("schedule:{}:%", s.id);
+    let count_ticks = "select count(distinct dedup_key), count(*) from (
+            select dedup_key from sweep.tasks union all select dedup_key from sweep.finished_tasks
+        ) t where dedup_key like $1";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (ticks, tasks) = loop {
+        let (ticks, tasks): (i64, i64) =
+            sqlx::query_as(count_ticks).bind(&pattern).fetch_one(&direct).await.unwrap();
+        if ticks >= 3 {
+            break (ticks, tasks);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "only {ticks} ticks ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for worker in workers {
+        worker.stop().await;
+    }
+    assert_eq!(tasks, ticks, "one task per tick");
+    let (ticks, tasks): (i64, i64) =
+        sqlx::query_as(count_ticks).bind(&pattern).fetch_one(&direct).await.unwrap();
+    assert_eq!(tasks, ticks, "one task per tick, after the stop too");
 }

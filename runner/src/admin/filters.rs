@@ -22,6 +22,7 @@ use warp::{Filter, Rejection};
 use super::auth::{authenticate, Caller};
 use super::body;
 use super::error::{recover, ApiError};
+use super::handlers::schedules::{self, CreateScheduleRequest};
 use super::handlers::{modules, ops, tasks, tenants, Answer};
 use super::models::{ActivateRequest, CapsRequest, EnqueueRequest, WeightRequest};
 use super::openapi;
@@ -53,11 +54,17 @@ pub enum Route {
     TenantWeight,
     TenantCaps,
     TenantToken,
+    ScheduleCreate,
+    ScheduleList,
+    ScheduleShow,
+    SchedulePause,
+    ScheduleResume,
+    ScheduleDelete,
 }
 
 impl Route {
     /// Every route, in the order the server tries them.
-    pub const ALL: [Route; 19] = [
+    pub const ALL: [Route; 25] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
@@ -77,6 +84,12 @@ impl Route {
         Route::TenantWeight,
         Route::TenantCaps,
         Route::TenantToken,
+        Route::ScheduleCreate,
+        Route::ScheduleList,
+        Route::ScheduleShow,
+        Route::SchedulePause,
+        Route::ScheduleResume,
+        Route::ScheduleDelete,
     ];
 
     /// The documented path template, methods and operation, from the handler's
@@ -114,6 +127,12 @@ impl Route {
             Route::TenantWeight => of::<tenants::__path_set_weight>(),
             Route::TenantCaps => of::<tenants::__path_change_caps>(),
             Route::TenantToken => of::<tenants::__path_rotate_token>(),
+            Route::ScheduleCreate => of::<schedules::__path_create>(),
+            Route::ScheduleList => of::<schedules::__path_list>(),
+            Route::ScheduleShow => of::<schedules::__path_show>(),
+            Route::SchedulePause => of::<schedules::__path_pause>(),
+            Route::ScheduleResume => of::<schedules::__path_resume>(),
+            Route::ScheduleDelete => of::<schedules::__path_delete>(),
         }
     }
 
@@ -296,6 +315,61 @@ impl Route {
                 .and(auth())
                 .and_then(|PathText(name), state, caller| async move {
                     respond(tenants::rotate_token(state, caller, name).await)
+                })
+                .boxed(),
+            Route::ScheduleCreate => warp::path!("v1" / "schedules")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and(body::json::<CreateScheduleRequest>(json_limit))
+                .and_then(|state, caller, q, request| async move {
+                    respond(schedules::create(state, caller, q, request).await)
+                })
+                .boxed(),
+            Route::ScheduleList => warp::path!("v1" / "schedules")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|state, caller, q| async move {
+                    respond(schedules::list(state, caller, q).await)
+                })
+                .boxed(),
+            Route::ScheduleShow => warp::path!("v1" / "schedules" / PathText)
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|PathText(name), state, caller, q| async move {
+                    respond(schedules::show(state, caller, name, q).await)
+                })
+                .boxed(),
+            Route::SchedulePause => warp::path!("v1" / "schedules" / PathText / "pause")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|PathText(name), state, caller, q| async move {
+                    respond(schedules::pause(state, caller, name, q).await)
+                })
+                .boxed(),
+            Route::ScheduleResume => warp::path!("v1" / "schedules" / PathText / "resume")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|PathText(name), state, caller, q| async move {
+                    respond(schedules::resume(state, caller, name, q).await)
+                })
+                .boxed(),
+            Route::ScheduleDelete => warp::path!("v1" / "schedules" / PathText)
+                .and(warp::delete())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|PathText(name), state, caller, q| async move {
+                    respond(schedules::delete(state, caller, name, q).await)
                 })
                 .boxed(),
         }

@@ -78,7 +78,7 @@ impl EnqueueRequest {
     }
 }
 
-fn has_nul(v: &Value) -> bool {
+pub(crate) fn has_nul(v: &Value) -> bool {
     match v {
         Value::String(s) => s.contains('\0'),
         Value::Array(items) => items.iter().any(has_nul),
@@ -235,6 +235,8 @@ pub struct StatsResponse {
     /// hour, completions in the last minute.
     pub types: Vec<TypeStats>,
     pub runners: Vec<RunnerView>,
+    /// The cron schedules in scope, with their next and last run.
+    pub schedules: Vec<crate::queue::CronSchedule>,
 }
 
 /// `GET /v1/tenants`.

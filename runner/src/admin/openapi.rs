@@ -19,11 +19,12 @@ use warp::reply::{Reply, Response};
 
 use super::filters::Route;
 use super::handlers::modules::WasmModule;
+use super::handlers::schedules::{CreateScheduleRequest, SchedulesResponse};
 use super::models::{
     ActivateRequest, BatchResponse, CapsRequest, DeadPage, EnqueueRequest, ErrorResponse, Health,
     ModulesResponse, StatsResponse, TenantsResponse, TokenResponse, UploadResponse, WeightRequest,
 };
-use crate::queue::{ModuleVersion, TaskView, Tenant};
+use crate::queue::{CatchUp, CronSchedule, ModuleVersion, Overlap, TaskView, Tenant};
 
 /// Name of the security scheme every authenticated operation requires.
 pub const BEARER: &str = "bearer";
@@ -57,6 +58,11 @@ pub const BEARER: &str = "bearer";
             WeightRequest,
             CapsRequest,
             TokenResponse,
+            CreateScheduleRequest,
+            CronSchedule,
+            SchedulesResponse,
+            Overlap,
+            CatchUp,
         ),
         responses(
             BadRequest,
@@ -77,6 +83,7 @@ pub const BEARER: &str = "bearer";
         (name = "tasks", description = "Enqueue, show and cancel tasks"),
         (name = "dead", description = "The dead-letter table"),
         (name = "tenants", description = "Tenants, weights, caps and tokens"),
+        (name = "schedules", description = "Cron schedules: a task per tick"),
         (name = "ops", description = "Statistics, metrics, probes and this document")
     )
 )]
@@ -139,7 +146,8 @@ pub fn serve() -> Response {
 /// 400: malformed input (a body that does not parse or has unknown fields; a bad, zero,
 /// negative, repeated or unknown query parameter; a bad task type or tenant name). Codes:
 /// `invalid_json`, `invalid_parameter`, `unknown_parameter`, `invalid_task_type`,
-/// `invalid_tenant`, `invalid_query`, `invalid_header`, `invalid_body`.
+/// `invalid_tenant`, `invalid_query`, `invalid_header`, `invalid_body`,
+/// `invalid_schedule_name`.
 #[derive(ToResponse)]
 #[allow(dead_code)] // describes answers; never built
 pub struct BadRequest(ErrorResponse);
@@ -163,7 +171,8 @@ pub struct Forbidden(ErrorResponse);
 pub struct NotFound(ErrorResponse);
 
 /// 409: the task's state does not allow this (`not_cancellable`), its dedup key is held by
-/// a live task (`dedup_key_taken`), or another module of the tenant is being compiled
+/// a live task (`dedup_key_taken`), a schedule of that name exists (`schedule_exists`), or
+/// another module of the tenant is being compiled
 /// (`compile_in_progress`: upload again once that upload has answered).
 #[derive(ToResponse)]
 #[allow(dead_code)] // describes answers; never built
@@ -189,7 +198,9 @@ pub struct UnsupportedMediaType(ErrorResponse);
 /// structural limit or the compile budget; the message names the limit and the value),
 /// `validation_timeout`,
 /// `limit_too_high`, `invalid_backoff`, `invalid_task`, `unknown_task_type`,
-/// `batch_too_large`, `invalid_tenant`.
+/// `batch_too_large`, `invalid_tenant`, `invalid_schedule` (a cron expression, time zone,
+/// overlap or catch-up policy, or a schedule's task that is invalid; the message names the
+/// field).
 #[derive(ToResponse)]
 #[allow(dead_code)] // describes answers; never built
 pub struct Unprocessable(ErrorResponse);

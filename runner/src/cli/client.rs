@@ -1,4 +1,4 @@
-//! Client commands: `module`, `enqueue`, `task`, `stats`, `dead` talk to the admin API over
+//! Client commands: `module`, `enqueue`, `task`, `schedule`, `stats`, `dead` talk to the admin API over
 //! HTTP (`--url`/`SWEEP_URL`, `--token`/`SWEEP_TOKEN`) and print tables, or the API's JSON
 //! with `--json`. `admin` and `tenant` (in `operator`) work on the database directly.
 //!
@@ -8,6 +8,7 @@
 mod operator;
 mod print;
 mod queue;
+mod schedule;
 
 use std::path::PathBuf;
 
@@ -18,6 +19,7 @@ use serde_json::{json, Value};
 // `AdminServerArgs` is for `sweep run` too, which serves the API next to its runner.
 pub use operator::{admin, tenant, AdminArgs, AdminServerArgs, TenantCommand};
 pub use queue::{dead, enqueue, stats, task, DeadCommand, EnqueueArgs, StatsArgs, TaskCommand};
+pub use schedule::{schedule, ScheduleCommand};
 
 /// Where and as whom to call the admin API.
 #[derive(Debug, clap::Args)]

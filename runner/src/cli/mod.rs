@@ -87,6 +87,9 @@ pub enum Command {
     /// Show or cancel a task.
     #[command(subcommand)]
     Task(client::TaskCommand),
+    /// Create, list, pause, resume and delete cron schedules.
+    #[command(subcommand)]
+    Schedule(client::ScheduleCommand),
     /// Queue statistics per task type, and the runners.
     Stats(client::StatsArgs),
     /// List or requeue dead tasks.
@@ -127,6 +130,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Module(command) => client::module(command).await,
         Command::Enqueue(args) => client::enqueue(args).await,
         Command::Task(command) => client::task(command).await,
+        Command::Schedule(command) => client::schedule(command).await,
         Command::Stats(args) => client::stats(args).await,
         Command::Dead(command) => client::dead(command).await,
         // main runs it before any runtime starts; here only for completeness.

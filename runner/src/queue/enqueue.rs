@@ -109,6 +109,21 @@ where
         .collect()
 }
 
+/// Enqueues one task, which must have a dedup key, on `conn`: for a caller inside its own
+/// transaction (the scheduler, which enqueues a tick and advances its schedule together).
+/// `None`: a live task holds the key but was committed after this statement's snapshot.
+pub(super) async fn enqueue_keyed<'c, E: Executor<'c, Database = Postgres>>(
+    conn: E,
+    task: &NewTask,
+) -> Result<Option<Enqueued>, QueueError> {
+    task.validate()?;
+    if task.dedup_key.is_none() {
+        return Err(QueueError::Corrupt("enqueue_keyed needs a dedup key".into()));
+    }
+    let rows = insert(conn, &Columns::from(std::slice::from_ref(task))).await?;
+    Ok(rows.into_iter().next().flatten())
+}
+
 /// The batch as column arrays, the shape `unnest` wants.
 struct Columns {
     tenants: Vec<String>,

@@ -78,6 +78,7 @@ mod notify;
 mod pooler;
 mod retry;
 mod runners;
+mod schedules;
 #[cfg(test)]
 mod statements_tests;
 mod stats;
@@ -103,6 +104,12 @@ pub use notify::{Wakeups, NOTIFY_CHANNEL};
 pub use pooler::{Conn, Connects};
 pub use retry::{RetryPolicy, RetryPolicyError};
 pub use runners::{deregister_runner, list_runners, register_runner, RunnerInfo};
+pub use schedules::{
+    create_schedule, delete_schedule, get_schedule, list_schedules, pause_schedule, plan_tick,
+    resume_schedule, run_due_schedules, tick_key, validate_schedule_name, CatchUp, CronSchedule,
+    CronSpec, InvalidSchedule, NewSchedule, Overlap, ScheduleError, TickPlan, TickReport,
+    LATE_AFTER, MAX_SCHEDULE_NAME_LEN,
+};
 pub use stats::{queue_stats, TypeStats};
 pub use store::{
     check_schema, migrate, migrate_with, Migrated, Role, Store, StoreError, StoreOptions, SCHEMA,
@@ -133,6 +140,7 @@ pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)>
         maintenance::STATEMENTS,
         modules::STATEMENTS,
         runners::STATEMENTS,
+        schedules::STATEMENTS,
         stats::STATEMENTS,
         store::STATEMENTS,
         tenants::STATEMENTS,

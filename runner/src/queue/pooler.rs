@@ -227,6 +227,35 @@ impl<C> Conn<C> {
     }
 }
 
+impl<C> Conn<C>
+where
+    C: DerefMut<Target = PgConnection> + Send + Debug,
+{
+    /// A transaction on this connection, for a queue function whose statements must commit
+    /// together (the scheduler's lock, enqueue and advance). Through a pooler too: `BEGIN` goes
+    /// as a simple query, the pooler keeps one server linked until `COMMIT`, and each statement
+    /// still runs unnamed (in a savepoint of its own, which is what `run_pooled`'s own
+    /// transaction becomes inside this one).
+    pub(crate) async fn begin(
+        &mut self,
+    ) -> Result<Conn<sqlx::Transaction<'_, Postgres>>, sqlx::Error> {
+        let pooled = self.pooled;
+        Ok(Conn { conn: (*self.conn).begin().await?, pooled })
+    }
+}
+
+impl Conn<sqlx::Transaction<'_, Postgres>> {
+    pub(crate) async fn commit(self) -> Result<(), sqlx::Error> {
+        self.conn.commit().await
+    }
+
+    /// Rolls back now, not at the connection's next use: a pooler must never see this client
+    /// idle in a transaction.
+    pub(crate) async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.conn.rollback().await
+    }
+}
+
 // For every pair of lifetimes (the future owns a pool handle), as sqlx does for `&Pool`: a
 // future spawned with `&store` inside must be `Send` for lifetimes the compiler cannot name.
 impl<'c> Connects<'c> for &'_ Store {

@@ -1,6 +1,6 @@
 //! Background duties of every runner: heartbeats (the leases it holds + its `runners` row),
-//! the reaper, vacuuming the live table, retention, pruning of silent runner rows and the
-//! repair of queue hints. Each stops when the stop flag turns true.
+//! the reaper, vacuuming the live table, retention, pruning of silent runner rows, the
+//! repair of queue hints and the cron scheduler (`worker/scheduler.rs`). Each stops when the stop flag turns true.
 //! All of it is safe to run on every runner at once (see `queue::maintenance`).
 //!
 //! Outages: a heartbeat that cannot reach Postgres tries again every [`HEARTBEAT_RETRY`], so
@@ -110,7 +110,12 @@ pub(super) async fn run(
             Err(e) => tracing::warn!(error = %e, "repairing queue hints failed"),
         }
     });
-    tokio::join!(reaper, vacuum, retention, hints);
+    let scheduler_stop = stop.clone();
+    let scheduler = async {
+        let Some(period) = m.scheduler_interval else { return };
+        super::scheduler::run(store.clone(), period, scheduler_stop).await
+    };
+    tokio::join!(reaper, vacuum, retention, hints, scheduler);
 }
 
 /// Calls `tick` every `period` until `stop` turns true.

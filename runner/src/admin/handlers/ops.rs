@@ -127,7 +127,8 @@ pub async fn stats(state: AdminState, caller: Caller, query: Vec<(String, String
         .into_iter()
         .map(|r| RunnerView::new(r, operator, now))
         .collect();
-    Ok(json(StatusCode::OK, &StatsResponse { types, runners }))
+    let schedules = queue::list_schedules(state.store(), scope.as_deref()).await?;
+    Ok(json(StatusCode::OK, &StatsResponse { types, runners, schedules }))
 }
 
 /// `GET /healthz`: the process serves requests.

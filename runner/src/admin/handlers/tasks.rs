@@ -29,13 +29,13 @@ pub struct TaskIdPath {
 }
 
 /// The payload limit of a tenant with these caps: its own, else the deployment's.
-fn payload_limit(state: &AdminState, caps: &TenantCaps) -> usize {
+pub(super) fn payload_limit(state: &AdminState, caps: &TenantCaps) -> usize {
     caps.max_payload_bytes
         .and_then(|v| usize::try_from(v).ok())
         .unwrap_or(state.config().max_payload_bytes)
 }
 
-fn tenant_param(query: Vec<(String, String)>) -> Result<Option<String>, ApiError> {
+pub(super) fn tenant_param(query: Vec<(String, String)>) -> Result<Option<String>, ApiError> {
     let mut q = Query::new(query)?;
     let tenant = q.take("tenant");
     q.finish()?;
@@ -43,7 +43,7 @@ fn tenant_param(query: Vec<(String, String)>) -> Result<Option<String>, ApiError
 }
 
 /// Refuses task types `tenant` has no module for, naming them.
-async fn check_modules(
+pub(super) async fn check_modules(
     state: &AdminState,
     tenant: &str,
     tasks: &[NewTask],

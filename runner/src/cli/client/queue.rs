@@ -201,6 +201,10 @@ pub async fn stats(args: StatsArgs) -> anyhow::Result<()> {
         .collect();
     println!();
     print::table(&["RUNNER", "HOST", "PID", "STARTED", "HEARTBEAT_AGE"], &runners);
+    if s["schedules"].as_array().is_some_and(|a| !a.is_empty()) {
+        println!();
+        super::schedule::print_schedules(&s);
+    }
     Ok(())
 }
 
