@@ -424,6 +424,27 @@ async fn live_answers_validate_against_the_document(_: PgPoolOptions, db: PgConn
     assert_eq!(c.call("post", requeue, &not_dead, t, None).await.0, 404);
     assert_eq!(c.call("post", requeue, &path, None, None).await.0, 401);
 
+    // Flow control (pauses are lifted again: the worker runs the tasks below).
+    let pause = "/v1/queues/{task_type}/pause";
+    let resume = "/v1/queues/{task_type}/resume";
+    assert_eq!(c.call("post", pause, "/v1/queues/wordcount/pause", t, None).await.0, 200);
+    assert_eq!(c.call("post", pause, "/v1/queues/nothing/pause", t, None).await.0, 404);
+    assert_eq!(c.call("post", pause, "/v1/queues/bad%20type/pause", t, None).await.0, 400);
+    assert_eq!(c.call("post", pause, "/v1/queues/wordcount/pause", None, None).await.0, 401);
+    let (s, stats) = c.get("/v1/stats", "/v1/stats", t).await;
+    assert_eq!((s, &stats["queues"][0]["paused_by"]), (200, &json!("tenant:acme")));
+    assert_eq!(c.call("post", resume, "/v1/queues/wordcount/resume", t, None).await.0, 200);
+    assert_eq!(c.call("post", resume, "/v1/queues/nothing/resume", t, None).await.0, 404);
+    let tpause = "/v1/tenants/{name}/pause";
+    let tresume = "/v1/tenants/{name}/resume";
+    assert_eq!(c.call("post", tpause, "/v1/tenants/acme/pause", t, None).await.0, 403);
+    assert_eq!(c.call("post", tpause, "/v1/tenants/nobody/pause", op, None).await.0, 404);
+    assert_eq!(c.call("post", tpause, "/v1/tenants/acme/pause", op, None).await.0, 200);
+    let (s, stats) = c.get("/v1/stats", "/v1/stats", op).await;
+    assert_eq!((s, &stats["paused_tenants"][0]["tenant"]), (200, &json!("acme")));
+    assert_eq!(c.call("post", tresume, "/v1/tenants/acme/resume", t, None).await.0, 403);
+    assert_eq!(c.call("post", tresume, "/v1/tenants/acme/resume", op, None).await.0, 200);
+
     // Statistics and tenants.
     assert_eq!(c.get("/v1/stats", "/v1/stats", t).await.0, 200);
     let (s, stats) = c.get("/v1/stats", "/v1/stats", op).await;

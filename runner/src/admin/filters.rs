@@ -22,7 +22,7 @@ use warp::{Filter, Rejection};
 use super::auth::{authenticate, Caller};
 use super::body;
 use super::error::{recover, ApiError};
-use super::handlers::{modules, ops, tasks, tenants, Answer};
+use super::handlers::{modules, ops, queues, tasks, tenants, Answer};
 use super::models::{ActivateRequest, CapsRequest, EnqueueRequest, WeightRequest};
 use super::openapi;
 use super::params::PathText;
@@ -53,11 +53,15 @@ pub enum Route {
     TenantWeight,
     TenantCaps,
     TenantToken,
+    QueuePause,
+    QueueResume,
+    TenantPause,
+    TenantResume,
 }
 
 impl Route {
     /// Every route, in the order the server tries them.
-    pub const ALL: [Route; 19] = [
+    pub const ALL: [Route; 23] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
@@ -77,6 +81,10 @@ impl Route {
         Route::TenantWeight,
         Route::TenantCaps,
         Route::TenantToken,
+        Route::QueuePause,
+        Route::QueueResume,
+        Route::TenantPause,
+        Route::TenantResume,
     ];
 
     /// The documented path template, methods and operation, from the handler's
@@ -114,6 +122,10 @@ impl Route {
             Route::TenantWeight => of::<tenants::__path_set_weight>(),
             Route::TenantCaps => of::<tenants::__path_change_caps>(),
             Route::TenantToken => of::<tenants::__path_rotate_token>(),
+            Route::QueuePause => of::<queues::__path_pause>(),
+            Route::QueueResume => of::<queues::__path_resume>(),
+            Route::TenantPause => of::<queues::__path_pause_tenant>(),
+            Route::TenantResume => of::<queues::__path_resume_tenant>(),
         }
     }
 
@@ -296,6 +308,40 @@ impl Route {
                 .and(auth())
                 .and_then(|PathText(name), state, caller| async move {
                     respond(tenants::rotate_token(state, caller, name).await)
+                })
+                .boxed(),
+            Route::QueuePause => warp::path!("v1" / "queues" / PathText / "pause")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|PathText(task_type), state, caller, q| async move {
+                    respond(queues::pause(state, caller, task_type, q).await)
+                })
+                .boxed(),
+            Route::QueueResume => warp::path!("v1" / "queues" / PathText / "resume")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|PathText(task_type), state, caller, q| async move {
+                    respond(queues::resume(state, caller, task_type, q).await)
+                })
+                .boxed(),
+            Route::TenantPause => warp::path!("v1" / "tenants" / PathText / "pause")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and_then(|PathText(name), state, caller| async move {
+                    respond(queues::pause_tenant(state, caller, name).await)
+                })
+                .boxed(),
+            Route::TenantResume => warp::path!("v1" / "tenants" / PathText / "resume")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and_then(|PathText(name), state, caller| async move {
+                    respond(queues::resume_tenant(state, caller, name).await)
                 })
                 .boxed(),
         }

@@ -16,8 +16,8 @@ use super::error::ApiError;
 use super::json_input::{integer, optional_integer, present_integer};
 use super::params::EffectiveLimits;
 use crate::queue::{
-    CapsChange, DeadTask, Enqueued, ModuleVersion, NewTask, RunnerInfo, TaskId, Tenant, TypeStats,
-    MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS, MAX_WEIGHT,
+    CapsChange, DeadTask, Enqueued, ModuleVersion, NewTask, QueueControl, RunnerInfo, TaskId,
+    Tenant, TenantPause, TypeStats, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS, MAX_WEIGHT,
 };
 
 fn empty_object() -> Value {
@@ -235,6 +235,10 @@ pub struct StatsResponse {
     /// hour, completions in the last minute.
     pub types: Vec<TypeStats>,
     pub runners: Vec<RunnerView>,
+    /// Queues under flow control (paused), by tenant and task type.
+    pub queues: Vec<QueueControl>,
+    /// Paused tenants: since when and by whom.
+    pub paused_tenants: Vec<TenantPause>,
 }
 
 /// `GET /v1/tenants`.

@@ -23,7 +23,7 @@ use super::models::{
     ActivateRequest, BatchResponse, CapsRequest, DeadPage, EnqueueRequest, ErrorResponse, Health,
     ModulesResponse, StatsResponse, TenantsResponse, TokenResponse, UploadResponse, WeightRequest,
 };
-use crate::queue::{ModuleVersion, TaskView, Tenant};
+use crate::queue::{ModuleVersion, QueueControl, TaskView, Tenant, TenantPause};
 
 /// Name of the security scheme every authenticated operation requires.
 pub const BEARER: &str = "bearer";
@@ -57,6 +57,8 @@ pub const BEARER: &str = "bearer";
             WeightRequest,
             CapsRequest,
             TokenResponse,
+            QueueControl,
+            TenantPause,
         ),
         responses(
             BadRequest,
@@ -77,6 +79,7 @@ pub const BEARER: &str = "bearer";
         (name = "tasks", description = "Enqueue, show and cancel tasks"),
         (name = "dead", description = "The dead-letter table"),
         (name = "tenants", description = "Tenants, weights, caps and tokens"),
+        (name = "queues", description = "Flow control of a task type: pause, resume"),
         (name = "ops", description = "Statistics, metrics, probes and this document")
     )
 )]

@@ -6,6 +6,7 @@
 
 pub mod modules;
 pub mod ops;
+pub mod queues;
 pub mod tasks;
 pub mod tenants;
 

@@ -127,7 +127,9 @@ pub async fn stats(state: AdminState, caller: Caller, query: Vec<(String, String
         .into_iter()
         .map(|r| RunnerView::new(r, operator, now))
         .collect();
-    Ok(json(StatusCode::OK, &StatsResponse { types, runners }))
+    let queues = queue::list_queue_controls(state.store(), scope.as_deref()).await?;
+    let paused_tenants = queue::list_paused_tenants(state.store(), scope.as_deref()).await?;
+    Ok(json(StatusCode::OK, &StatsResponse { types, runners, queues, paused_tenants }))
 }
 
 /// `GET /healthz`: the process serves requests.

@@ -201,6 +201,7 @@ pub async fn stats(args: StatsArgs) -> anyhow::Result<()> {
         .collect();
     println!();
     print::table(&["RUNNER", "HOST", "PID", "STARTED", "HEARTBEAT_AGE"], &runners);
+    super::flow::print_controls(&s);
     Ok(())
 }
 
