@@ -93,8 +93,61 @@ begin
 end
 $$;
 
+-- Rate limits. A queue may carry a token bucket: at most `rate_per_sec` starts per second on
+-- average, `burst` at once. The bucket (`tokens`, as of `refilled_at`; null: full) lives on the
+-- queue row and is only read and written by claims holding that row FOR NO KEY UPDATE
+-- (sweep_queue_tokens, below), so claims of all runners take from one bucket in turn and
+-- together never start more than `burst + rate_per_sec * T` tasks in any T seconds. The claim
+-- takes min(free slots, whole tokens) from such a queue; its started_at is the bucket's clock,
+-- read under the lock, so the bound holds of the tasks' own timestamps.
+alter table sweep.queues add column rate_per_sec float8;
+alter table sweep.queues add column burst integer;
+alter table sweep.queues add column tokens float8;
+alter table sweep.queues add column refilled_at timestamptz;
+alter table sweep.queues add constraint queues_rate_limit check (
+    (rate_per_sec is null) = (burst is null)
+    and coalesce(rate_per_sec, 1) > 0 and coalesce(rate_per_sec, 1) <= 1000000
+    and coalesce(burst, 1) between 1 and 1000000);
+
+-- The bucket of rate-limited queue (`p_tenant`, `p_task_type`) now: `available` tokens (whole
+-- ones may be taken) as of `at`. Locks the queue row FOR NO KEY UPDATE until the claim
+-- commits (compatible with the KEY SHARE of enqueues, so an enqueue never waits on it); when
+-- another claim holds it, `available` is 0 and this claim skips the queue, as a try-lock
+-- would. `available` null: the queue is no longer limited.
+--
+-- `at` is the later of the bucket's last time and clock_timestamp(), so the bucket's clock
+-- never runs back whichever claim's transaction started first. VOLATILE, like the free-slot
+-- functions: the row is read in a fresh snapshot, after any claim that held it committed.
+create function sweep.sweep_queue_tokens(p_tenant text, p_task_type text,
+                                         out available float8, out at timestamptz)
+language plpgsql volatile
+set search_path = sweep
+as $$
+declare
+    b record;
+begin
+    select q.rate_per_sec, q.burst, q.tokens, q.refilled_at into b
+    from queues q
+    where q.tenant = p_tenant and q.task_type = p_task_type
+    for no key update skip locked;
+    if not found then
+        available := 0;
+        return;
+    end if;
+    if b.rate_per_sec is null then
+        return;
+    end if;
+    at := greatest(coalesce(b.refilled_at, '-infinity'), clock_timestamp());
+    available := coalesce(
+        least(b.burst::float8,
+              b.tokens + b.rate_per_sec * extract(epoch from at - b.refilled_at)::float8),
+        b.burst::float8);
+end
+$$;
+
 -- The claim of 0009 (its comment there says the policy), with paused queues left out of the
--- window and of the single-queue check.
+-- window and of the single-queue check, and rate-limited queues taking at most their whole
+-- tokens (they are "limited": the general statement, never the single-queue one).
 create or replace function sweep.sweep_claim(p_runner uuid, p_limit bigint, p_task_types text[],
                                         p_lease_ms bigint, p_starved boolean, p_ring integer)
 returns table (id bigint, tenant text, task_type text, payload jsonb, attempt integer,
@@ -121,7 +174,7 @@ begin
         into due_queues, only_tenant, only_type, limited
         from (
             select q.tenant, q.task_type,
-                   q.max_running is not null
+                   q.max_running is not null or q.rate_per_sec is not null
                    or exists (select 1 from tenants t
                               where t.name = q.tenant and t.max_running is not null) as limited
             from queues q
@@ -197,19 +250,27 @@ begin
     -- The window: due queues from a random point of the ring on, wrapping around.
     sample as materialized (
         select * from (
-            (select q.tenant, q.task_type, q.weight, q.max_running from queues q
+            (select q.tenant, q.task_type, q.weight, q.max_running, q.rate_per_sec from queues q
              where q.next_run_at is not null and not q.paused and q.ring >= p_ring and q.next_run_at <= now()
                and (cardinality(p_task_types) = 0 or q.task_type = any(p_task_types))
              order by q.ring
              limit 2 * p_limit + 16)
             union all
-            (select q.tenant, q.task_type, q.weight, q.max_running from queues q
+            (select q.tenant, q.task_type, q.weight, q.max_running, q.rate_per_sec from queues q
              where q.next_run_at is not null and not q.paused and q.ring < p_ring and q.next_run_at <= now()
                and (cardinality(p_task_types) = 0 or q.task_type = any(p_task_types))
              order by q.ring
              limit 2 * p_limit + 16)
         ) s
         limit 2 * p_limit + 16
+    ),
+    -- The buckets of the window's rate-limited queues, locked (see sweep_queue_tokens). Never
+    -- run when no queue of the window has a rate limit (nothing refers to it then).
+    tokens as materialized (
+        select s.tenant, s.task_type, b.available, b.at
+        from sample s
+        cross join lateral sweep_queue_tokens(s.tenant, s.task_type) b
+        where s.rate_per_sec is not null
     ),
     -- Slots held per unit of weight by the tenants of the window: a tenant below this level
     -- holds less than its share, and its queues may use the spare slots too (p_starved).
@@ -226,13 +287,24 @@ begin
     -- How many of this claim's slots each queue could take (its running limit, via a try-lock
     -- like the tenant cap's, see sweep_queue_free_slots).
     queue_room as materialized (
-        select s.tenant, s.task_type, s.weight, s.max_running is not null as capped,
+        select s.tenant, s.task_type, s.weight,
+               s.max_running is not null or s.rate_per_sec is not null as capped,
+               s.rate_per_sec is not null as rated,
                coalesce((r.by_queue ->> (s.tenant || '/' || s.task_type))::int8, 0) as running,
                coalesce((r.by_tenant ->> s.tenant)::int8, 0) as tenant_running,
-               case when p_starved then 1::int8
-                    when s.max_running is null then p_limit
-                    else least(p_limit, sweep_queue_free_slots(s.tenant, s.task_type, s.max_running))
-               end as room,
+               least(
+                   case when p_starved then 1::int8
+                        when s.max_running is null then p_limit
+                        else least(p_limit, sweep_queue_free_slots(s.tenant, s.task_type, s.max_running))
+                   end,
+                   -- A rate-limited queue: its whole tokens (the epsilon absorbs the float
+                   -- error of the refill, never a whole token).
+                   case when s.rate_per_sec is null then p_limit
+                        else coalesce((select floor(b.available + 1e-9)::int8 from tokens b
+                                       where b.tenant = s.tenant and b.task_type = s.task_type),
+                                      p_limit)
+                   end
+               ) as room,
                random() as tie
         from sample s
         cross join running r
@@ -288,7 +360,7 @@ begin
     ),
     -- The same within each tenant, among its task types (equal weights).
     queue_tickets as (
-        select q.tenant, q.task_type, s.slots,
+        select q.tenant, q.task_type, q.rated, s.slots,
                row_number() over (partition by q.tenant order by q.running + j, q.tie, j) as rank
         from queue_room q
         cross join tenant_alloc a
@@ -300,9 +372,9 @@ begin
     -- `more`: whether anything else of the queue is due (looked at, not locked); when not, the
     -- queue has run dry and its hint is corrected below.
     picked as materialized (
-        select a.tenant, a.task_type, a.want, m.more, p.ctids, p.ids
+        select a.tenant, a.task_type, a.rated, a.want, m.more, p.ctids, p.ids
         from (
-            select tenant, task_type, count(*) as want
+            select tenant, task_type, bool_or(rated) as rated, count(*) as want
             from queue_tickets
             where rank <= slots
             group by tenant, task_type
@@ -366,11 +438,39 @@ begin
             select q2.ctid, i.ids from queues q2
             cross join picked_ids i
             join picked p on p.tenant = q2.tenant and p.task_type = q2.task_type
-            where not p.more
+            where not p.more and not p.rated
             order by q2.tenant, q2.task_type
             for update of q2 skip locked
         ) l
         where q.ctid = l.ctid
+    ),
+    -- A rate-limited queue this claim emptied: its hint is corrected as above, under FOR
+    -- UPDATE (refused while an enqueue is in flight); the claim already holds the row FOR NO
+    -- KEY UPDATE, so this only waits for no one else.
+    rated_dry as (
+        select q2.tenant, q2.task_type from queues q2
+        join picked p on p.tenant = q2.tenant and p.task_type = q2.task_type
+        where p.rated and not p.more
+        order by q2.tenant, q2.task_type
+        for update of q2 skip locked
+    ),
+    -- The tokens this claim took, written back to each bucket it locked. By key, not ctid:
+    -- the row version locked in sweep_queue_tokens may be newer than this statement's snapshot
+    -- (a TID scan would not find it; the update follows it to the locked version).
+    spent as (
+        update queues q
+        set tokens = b.available - coalesce(cardinality(p.ids), 0),
+            refilled_at = b.at,
+            next_run_at = case
+                when exists (select 1 from rated_dry d
+                             where d.tenant = q.tenant and d.task_type = q.task_type)
+                then sweep_queue_next_run_at(q.tenant, q.task_type,
+                                             (select i.ids from picked_ids i))
+                else q.next_run_at end
+        from picked p
+        join tokens b on b.tenant = p.tenant and b.task_type = p.task_type
+        where p.rated and b.available is not null
+          and q.tenant = p.tenant and q.task_type = p.task_type
     ),
     -- By ctid: the very row versions locked above (a TID scan, no second index lookup).
     claimed as (
@@ -379,7 +479,13 @@ begin
             attempts = t.attempts + 1,
             lease_owner = p_runner,
             lease_expires_at = now() + p_lease_ms * interval '1 millisecond',
-            started_at = now(),
+            -- A rate-limited queue's tasks start at its bucket's clock (see 0015's header).
+            started_at = coalesce(
+                case when (select bool_or(p.rated) from picked p)
+                     then (select b.at from tokens b
+                           where b.tenant = t.tenant and b.task_type = t.task_type)
+                end,
+                now()),
             updated_at = now()
         where t.ctid = any(array(select unnest(ctids) from picked_ids union all select ctid from filled))
         returning t.id, t.tenant, t.task_type, t.payload, t.attempts, t.max_attempts,

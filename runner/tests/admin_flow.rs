@@ -125,3 +125,56 @@ async fn bad_pauses_name_the_field_and_write_nothing(_: PgPoolOptions, db: PgCon
     api.post("/v1/tenants/nobody/resume", OP, &json!({})).await.expect(404, "not_found");
     assert_eq!(paused_rows(&pool).await, 0);
 }
+
+#[sqlx::test(migrations = false)]
+async fn rate_limits_are_set_shown_cleared_and_bad_ones_refused(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let api = api(&db);
+    let acme = api.tenant("acme", TenantCaps::default()).await;
+    api.put_wasm("/v1/modules/work", Some(&acme), &tiny_command()).await.ok(201);
+    let put = |body: Value| {
+        let req = api.req("PUT", "/v1/queues/work/rate-limit", Some(&acme)).json(&body);
+        api.send(req)
+    };
+    let limited = || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from sweep.queues where burst is not null")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    for (body, field) in [
+        (json!({"rate_per_sec": 0, "burst": 1}), "rate_per_sec"),
+        (json!({"rate_per_sec": -2.5, "burst": 1}), "rate_per_sec"),
+        (json!({"rate_per_sec": 5, "burst": 0}), "burst"),
+        (json!({"rate_per_sec": 5, "burst": -1}), "burst"),
+    ] {
+        let a = put(body).await;
+        a.expect(422, "invalid_rate_limit");
+        assert!(a.message().starts_with(field), "{}", a.message());
+    }
+    let a = put(json!({"rate_per_sec": "5", "burst": 1})).await;
+    a.expect(400, "invalid_json");
+    put(json!({"rate_per_sec": 5})).await.expect(400, "invalid_json");
+    put(json!({"rate_per_sec": 5, "burst": 1, "per": "s"})).await.expect(400, "invalid_json");
+    let req = api.req("PUT", "/v1/queues/nothing/rate-limit", Some(&acme));
+    let a = api.send(req.json(&json!({"rate_per_sec": 5, "burst": 1}))).await;
+    a.expect(404, "not_found");
+    assert!(a.message().contains("task_type"), "{}", a.message());
+    assert_eq!(limited().await, 0, "nothing written");
+
+    let a = put(json!({"rate_per_sec": 2.5, "burst": 10})).await;
+    assert_eq!((&a.ok(200)["rate_per_sec"], &a.json["burst"]), (&json!(2.5), &json!(10)));
+    let s = api.get("/v1/stats", Some(&acme)).await;
+    let q = &s.ok(200)["queues"][0];
+    assert_eq!(
+        (&q["task_type"], &q["rate_per_sec"], &q["paused"]),
+        (&json!("work"), &json!(2.5), &json!(false))
+    );
+    let a = api.send(api.req("DELETE", "/v1/queues/work/rate-limit", Some(&acme))).await;
+    assert_eq!(a.ok(200)["burst"], Value::Null);
+    assert_eq!(limited().await, 0);
+}

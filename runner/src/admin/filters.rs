@@ -23,7 +23,9 @@ use super::auth::{authenticate, Caller};
 use super::body;
 use super::error::{recover, ApiError};
 use super::handlers::{modules, ops, queues, tasks, tenants, Answer};
-use super::models::{ActivateRequest, CapsRequest, EnqueueRequest, WeightRequest};
+use super::models::{
+    ActivateRequest, CapsRequest, EnqueueRequest, RateLimitRequest, WeightRequest,
+};
 use super::openapi;
 use super::params::PathText;
 use super::AdminState;
@@ -57,11 +59,13 @@ pub enum Route {
     QueueResume,
     TenantPause,
     TenantResume,
+    QueueRateLimit,
+    QueueRateLimitClear,
 }
 
 impl Route {
     /// Every route, in the order the server tries them.
-    pub const ALL: [Route; 23] = [
+    pub const ALL: [Route; 25] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
@@ -85,6 +89,8 @@ impl Route {
         Route::QueueResume,
         Route::TenantPause,
         Route::TenantResume,
+        Route::QueueRateLimit,
+        Route::QueueRateLimitClear,
     ];
 
     /// The documented path template, methods and operation, from the handler's
@@ -126,6 +132,8 @@ impl Route {
             Route::QueueResume => of::<queues::__path_resume>(),
             Route::TenantPause => of::<queues::__path_pause_tenant>(),
             Route::TenantResume => of::<queues::__path_resume_tenant>(),
+            Route::QueueRateLimit => of::<queues::__path_set_rate_limit>(),
+            Route::QueueRateLimitClear => of::<queues::__path_clear_rate_limit>(),
         }
     }
 
@@ -342,6 +350,25 @@ impl Route {
                 .and(auth())
                 .and_then(|PathText(name), state, caller| async move {
                     respond(queues::resume_tenant(state, caller, name).await)
+                })
+                .boxed(),
+            Route::QueueRateLimit => warp::path!("v1" / "queues" / PathText / "rate-limit")
+                .and(warp::put())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and(body::json::<RateLimitRequest>(json_limit))
+                .and_then(|PathText(task_type), state, caller, q, request| async move {
+                    respond(queues::set_rate_limit(state, caller, task_type, q, request).await)
+                })
+                .boxed(),
+            Route::QueueRateLimitClear => warp::path!("v1" / "queues" / PathText / "rate-limit")
+                .and(warp::delete())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|PathText(task_type), state, caller, q| async move {
+                    respond(queues::clear_rate_limit(state, caller, task_type, q).await)
                 })
                 .boxed(),
         }

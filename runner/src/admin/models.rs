@@ -155,6 +155,20 @@ impl From<CapsRequest> for CapsChange {
     }
 }
 
+/// `PUT /v1/queues/{task_type}/rate-limit` body.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitRequest {
+    /// Most starts per second on average, across all runners (may be fractional: 0.5 is one
+    /// every two seconds).
+    #[schema(exclusive_minimum = 0, maximum = 1000000)]
+    pub rate_per_sec: f64,
+    /// Most starts at once (the bucket's size).
+    #[serde(deserialize_with = "integer")]
+    #[schema(minimum = 1, maximum = 1000000)]
+    pub burst: i32,
+}
+
 /// `POST /v1/tenants/{name}/token` answer: the tenant and its new token, shown this once.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct TokenResponse {

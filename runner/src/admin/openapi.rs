@@ -21,7 +21,8 @@ use super::filters::Route;
 use super::handlers::modules::WasmModule;
 use super::models::{
     ActivateRequest, BatchResponse, CapsRequest, DeadPage, EnqueueRequest, ErrorResponse, Health,
-    ModulesResponse, StatsResponse, TenantsResponse, TokenResponse, UploadResponse, WeightRequest,
+    ModulesResponse, RateLimitRequest, StatsResponse, TenantsResponse, TokenResponse,
+    UploadResponse, WeightRequest,
 };
 use crate::queue::{ModuleVersion, QueueControl, TaskView, Tenant, TenantPause};
 
@@ -59,6 +60,7 @@ pub const BEARER: &str = "bearer";
             TokenResponse,
             QueueControl,
             TenantPause,
+            RateLimitRequest,
         ),
         responses(
             BadRequest,
@@ -79,7 +81,7 @@ pub const BEARER: &str = "bearer";
         (name = "tasks", description = "Enqueue, show and cancel tasks"),
         (name = "dead", description = "The dead-letter table"),
         (name = "tenants", description = "Tenants, weights, caps and tokens"),
-        (name = "queues", description = "Flow control of a task type: pause, resume"),
+        (name = "queues", description = "Flow control of a task type: pause, resume, rate limit"),
         (name = "ops", description = "Statistics, metrics, probes and this document")
     )
 )]

@@ -1,4 +1,5 @@
-//! Flow control: pausing a task type of a tenant, or a whole tenant.
+//! Flow control: pausing a task type of a tenant, or a whole tenant; rate limits of a task
+//! type.
 //!
 //! Invariants:
 //! - a pause is state in Postgres (`queues.paused_at`/`paused_by` for a task type,
@@ -8,8 +9,11 @@
 //!   tasks finish; enqueues are accepted and wait;
 //! - pausing what is already paused keeps the first pause's time and author (resuming what is
 //!   not paused changes nothing): both are idempotent;
-//! - a task type can be paused only when the tenant has a module for it (else
-//!   [`FlowError::NoModule`], nothing written).
+//! - a task type can be paused or rate-limited only when the tenant has a module for it (else
+//!   [`FlowError::NoModule`], nothing written);
+//! - a rate limit is `rate_per_sec` in (0, [`MAX_RATE`]] and `burst` in 1..=[`MAX_BURST`]
+//!   ([`RateLimit::validate`], and a table constraint); the claim enforces it across runners
+//!   (a token bucket on the queue row, see `sweep_queue_tokens` in 0015_flow_control.sql).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -42,6 +46,47 @@ pub struct QueueControl {
     pub paused_by: Option<String>,
     /// Whether the whole tenant is paused (see `GET /v1/stats`' `paused_tenants`).
     pub tenant_paused: bool,
+    /// Most starts per second on average, across all runners (`null`: no rate limit).
+    #[schema(required)]
+    pub rate_per_sec: Option<f64>,
+    /// Most starts at once after an idle spell (`null`: no rate limit).
+    #[schema(required)]
+    pub burst: Option<i32>,
+}
+
+/// Highest `rate_per_sec` (`queues_rate_limit`).
+pub const MAX_RATE: f64 = 1_000_000.0;
+/// Highest `burst` (`queues_rate_limit`).
+pub const MAX_BURST: i32 = 1_000_000;
+
+/// A task type's rate limit: at most `burst` starts at once, and `rate_per_sec` on average.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub rate_per_sec: f64,
+    pub burst: i32,
+}
+
+impl RateLimit {
+    /// Refuses a rate that is not a number in (0, [`MAX_RATE`]] or a burst outside
+    /// 1..=[`MAX_BURST`], naming the field.
+    pub fn validate(&self) -> Result<(), FlowError> {
+        if !(self.rate_per_sec.is_finite()
+            && self.rate_per_sec > 0.0
+            && self.rate_per_sec <= MAX_RATE)
+        {
+            return Err(FlowError::BadRateLimit {
+                field: "rate_per_sec",
+                requirement: "greater than 0 and at most 1000000",
+            });
+        }
+        if !(1..=MAX_BURST).contains(&self.burst) {
+            return Err(FlowError::BadRateLimit {
+                field: "burst",
+                requirement: "between 1 and 1000000",
+            });
+        }
+        Ok(())
+    }
 }
 
 /// A paused tenant: since when and by whom.
@@ -66,6 +111,8 @@ pub enum FlowError {
     TenantNotFound(String),
     #[error(transparent)]
     BadName(InvalidTask),
+    #[error("{field} must be {requirement}")]
+    BadRateLimit { field: &'static str, requirement: &'static str },
     #[error(transparent)]
     Queue(#[from] QueueError),
 }
@@ -113,6 +160,30 @@ async fn set_queue_pause<'c, E: PgExecutor<'c>>(
     row.ok_or_else(|| FlowError::NoModule { task_type: task_type.to_owned() })
 }
 
+/// Sets (`Some`) or clears (`None`) the rate limit of task type `task_type` of `tenant`, from
+/// the next claim on. A changed limit keeps the bucket's level (at most the new burst); a new
+/// one starts full.
+pub async fn set_rate_limit<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: &str,
+    task_type: &str,
+    limit: Option<RateLimit>,
+) -> Result<QueueControl, FlowError> {
+    validate_tenant(tenant).map_err(FlowError::BadName)?;
+    validate_task_type(task_type).map_err(FlowError::BadName)?;
+    if let Some(l) = &limit {
+        l.validate()?;
+    }
+    let row: Option<QueueControl> = sqlx::query_as(SET_RATE_LIMIT)
+        .bind(tenant)
+        .bind(task_type)
+        .bind(limit.map(|l| l.rate_per_sec))
+        .bind(limit.map(|l| l.burst))
+        .fetch_optional(executor)
+        .await?;
+    row.ok_or_else(|| FlowError::NoModule { task_type: task_type.to_owned() })
+}
+
 /// Pauses every task type of tenant `name` (the operator's). Its queues' own pauses are kept
 /// apart: resuming the tenant leaves a task type its tenant paused paused.
 pub async fn pause_tenant<'c, E: PgExecutor<'c>>(
@@ -142,7 +213,7 @@ async fn set_tenant_pause<'c, E: PgExecutor<'c>>(
     row.ok_or_else(|| FlowError::TenantNotFound(name.to_owned()))
 }
 
-/// Queues with a pause (their own or their tenant's), of one tenant or (`None`) all, by tenant
+/// Queues with a pause (their own or their tenant's) or a rate limit, of one tenant or (`None`) all, by tenant
 /// and task type.
 pub async fn list_queue_controls<'c, E: PgExecutor<'c>>(
     executor: E,
@@ -173,7 +244,8 @@ const SET_QUEUE_PAUSE: &str = concat!(
         where q.tenant = $1 and q.task_type = $2
           and exists (select 1 from sweep.active_modules a
                       where a.tenant = $1 and a.task_type = $2)
-        returning q.tenant, q.task_type, q.paused, q.paused_at, q.paused_by, q.tenant_paused
+        returning q.tenant, q.task_type, q.paused, q.paused_at, q.paused_by, q.tenant_paused,
+                  q.rate_per_sec, q.burst
     ),
     woken as (select "#,
     notify_tasks!(),
@@ -206,10 +278,24 @@ const SET_TENANT_PAUSE: &str = concat!(
     "#
 );
 
+// $3 and $4 both null: clear. The bucket is the claim's to write; a change only bounds it.
+const SET_RATE_LIMIT: &str = r#"
+    update sweep.queues q
+    set rate_per_sec = $3, burst = $4,
+        tokens = case when $3::float8 is null then null else least(q.tokens, $4::int4) end,
+        refilled_at = case when $3::float8 is null then null else q.refilled_at end
+    where q.tenant = $1 and q.task_type = $2
+      and exists (select 1 from sweep.active_modules a
+                  where a.tenant = $1 and a.task_type = $2)
+    returning q.tenant, q.task_type, q.paused, q.paused_at, q.paused_by, q.tenant_paused,
+              q.rate_per_sec, q.burst
+    "#;
+
 const LIST_QUEUE_CONTROLS: &str = r#"
-    select q.tenant, q.task_type, q.paused, q.paused_at, q.paused_by, q.tenant_paused
+    select q.tenant, q.task_type, q.paused, q.paused_at, q.paused_by, q.tenant_paused,
+           q.rate_per_sec, q.burst
     from sweep.queues q
-    where q.paused and ($1::text is null or q.tenant = $1)
+    where (q.paused or q.rate_per_sec is not null) and ($1::text is null or q.tenant = $1)
     order by q.tenant, q.task_type
     "#;
 
@@ -221,5 +307,10 @@ const LIST_PAUSED_TENANTS: &str = r#"
     "#;
 
 #[cfg(test)]
-pub(super) const STATEMENTS: &[(&str, &str)] =
-    statements![SET_QUEUE_PAUSE, SET_TENANT_PAUSE, LIST_QUEUE_CONTROLS, LIST_PAUSED_TENANTS];
+pub(super) const STATEMENTS: &[(&str, &str)] = statements![
+    SET_QUEUE_PAUSE,
+    SET_RATE_LIMIT,
+    SET_TENANT_PAUSE,
+    LIST_QUEUE_CONTROLS,
+    LIST_PAUSED_TENANTS
+];

@@ -95,7 +95,8 @@ pub use enqueue::{enqueue, enqueue_many, enqueue_many_within, enqueue_within, En
 pub use error::{is_unreachable, while_unreachable, InvalidTask, QueueError};
 pub use flow::{
     list_paused_tenants, list_queue_controls, pause_queue, pause_tenant, paused_by_operator,
-    paused_by_tenant, resume_queue, resume_tenant, FlowError, QueueControl, TenantPause,
+    paused_by_tenant, resume_queue, resume_tenant, set_rate_limit, FlowError, QueueControl,
+    RateLimit, TenantPause, MAX_BURST, MAX_RATE,
 };
 pub use maintenance::{
     delete_finished, prune_runners, reap_expired, repair_queue_hints, vacuum_live, RescuedTask,

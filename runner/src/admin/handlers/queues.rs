@@ -1,9 +1,11 @@
 //! Flow-control routes: pausing and resuming a task type (its tenant, or the operator with
-//! `?tenant=`) and a whole tenant (the operator).
+//! `?tenant=`) and a whole tenant (the operator); setting and clearing a task type's rate
+//! limit.
 //!
 //! Invariants: a tenant acts on its own task types only (another tenant's answers 404 as if
 //! absent, since the queue functions filter by tenant); a task type with no module answers
-//! 404 naming `task_type`, and nothing is written; pausing and resuming are idempotent.
+//! 404 naming `task_type`, and nothing is written; pausing and resuming are idempotent; a
+//! rate or burst out of range is 422 naming the field, nothing written.
 
 use warp::http::StatusCode;
 
@@ -12,10 +14,11 @@ use super::tenants::TenantPath;
 use super::{json, Answer};
 use crate::admin::auth::Caller;
 use crate::admin::error::ApiError;
+use crate::admin::models::RateLimitRequest;
 use crate::admin::openapi as doc;
 use crate::admin::params::{Query, TenantParam};
 use crate::admin::AdminState;
-use crate::queue::{self, FlowError, QueueControl, TenantPause};
+use crate::queue::{self, FlowError, QueueControl, RateLimit, TenantPause};
 
 impl From<FlowError> for ApiError {
     fn from(e: FlowError) -> Self {
@@ -25,6 +28,9 @@ impl From<FlowError> for ApiError {
                 ApiError::not_found(e.to_string())
             }
             e @ FlowError::BadName(_) => ApiError::bad_request("invalid_parameter", e.to_string()),
+            e @ FlowError::BadRateLimit { .. } => {
+                ApiError::unprocessable("invalid_rate_limit", e.to_string())
+            }
         }
     }
 }
@@ -109,6 +115,73 @@ pub async fn resume(
     let tenant = target(&state, &caller, &task_type, query).await?;
     let control = queue::resume_queue(state.store(), &tenant, &task_type).await?;
     tracing::info!(%tenant, %task_type, "queue resumed");
+    Ok(json(StatusCode::OK, &control))
+}
+
+/// `PUT /v1/queues/{task_type}/rate-limit`: at most `burst` starts at once and `rate_per_sec`
+/// on average, across all runners.
+#[utoipa::path(
+    put,
+    path = "/v1/queues/{task_type}/rate-limit",
+    operation_id = "set_rate_limit",
+    tag = "queues",
+    security(("bearer" = [])),
+    params(TaskTypePath, TenantParam),
+    request_body(content = RateLimitRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The queue with its rate limit", body = QueueControl),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
+        (status = 404, response = doc::NotFound),
+        (status = 413, response = doc::TooLarge),
+        (status = 415, response = doc::UnsupportedMediaType),
+        (status = 422, response = doc::Unprocessable),
+        (status = 500, response = doc::Internal),
+    )
+)]
+pub async fn set_rate_limit(
+    state: AdminState,
+    caller: Caller,
+    task_type: String,
+    query: Vec<(String, String)>,
+    request: RateLimitRequest,
+) -> Answer {
+    let limit = RateLimit { rate_per_sec: request.rate_per_sec, burst: request.burst };
+    // Checked before anything is read, as the queue checks it again before writing.
+    limit.validate()?;
+    let tenant = target(&state, &caller, &task_type, query).await?;
+    let control = queue::set_rate_limit(state.store(), &tenant, &task_type, Some(limit)).await?;
+    tracing::info!(%tenant, %task_type, rate = limit.rate_per_sec, burst = limit.burst, "rate limit set");
+    Ok(json(StatusCode::OK, &control))
+}
+
+/// `DELETE /v1/queues/{task_type}/rate-limit`: no rate limit from the next claim on.
+#[utoipa::path(
+    delete,
+    path = "/v1/queues/{task_type}/rate-limit",
+    operation_id = "clear_rate_limit",
+    tag = "queues",
+    security(("bearer" = [])),
+    params(TaskTypePath, TenantParam),
+    responses(
+        (status = 200, description = "The queue, without a rate limit", body = QueueControl),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
+        (status = 404, response = doc::NotFound),
+        (status = 500, response = doc::Internal),
+    )
+)]
+pub async fn clear_rate_limit(
+    state: AdminState,
+    caller: Caller,
+    task_type: String,
+    query: Vec<(String, String)>,
+) -> Answer {
+    let tenant = target(&state, &caller, &task_type, query).await?;
+    let control = queue::set_rate_limit(state.store(), &tenant, &task_type, None).await?;
+    tracing::info!(%tenant, %task_type, "rate limit cleared");
     Ok(json(StatusCode::OK, &control))
 }
 

@@ -1,5 +1,5 @@
-//! Flow-control commands: `sweep queue pause|resume` (a task type of a tenant) and the
-//! operator's `sweep tenant pause|resume`, through the admin API.
+//! Flow-control commands: `sweep queue pause|resume|rate-limit` (a task type of a tenant) and
+//! the operator's `sweep tenant pause|resume`, through the admin API.
 //!
 //! Invariant: as every client command, nothing is checked here that the API does not check.
 
@@ -14,6 +14,23 @@ pub enum QueueCommand {
     Pause(QueueArgs),
     /// Lift a task type's pause (a pause of its whole tenant stays).
     Resume(QueueArgs),
+    /// Limit how fast a task type starts, across all runners (or --clear the limit).
+    RateLimit(RateLimitArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RateLimitArgs {
+    /// Most starts per second on average (may be fractional).
+    #[arg(long, required_unless_present = "clear", conflicts_with = "clear")]
+    pub rate: Option<f64>,
+    /// Most starts at once (default: the rate rounded up, at least 1).
+    #[arg(long, conflicts_with = "clear")]
+    pub burst: Option<i32>,
+    /// Remove the task type's rate limit.
+    #[arg(long)]
+    pub clear: bool,
+    #[command(flatten)]
+    pub queue: QueueArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -30,6 +47,7 @@ pub async fn queue(command: QueueCommand) -> anyhow::Result<()> {
     let (args, action) = match command {
         QueueCommand::Pause(args) => (args, "pause"),
         QueueCommand::Resume(args) => (args, "resume"),
+        QueueCommand::RateLimit(args) => return rate_limit(args).await,
     };
     let api = Api::new(args.client)?;
     let path = format!("/v1/queues/{}/{action}", args.task_type);
@@ -39,6 +57,35 @@ pub async fn queue(command: QueueCommand) -> anyhow::Result<()> {
         println!("{}", describe_queue(&answer));
     }
     Ok(())
+}
+
+async fn rate_limit(args: RateLimitArgs) -> anyhow::Result<()> {
+    let api = Api::new(args.queue.client)?;
+    let path = format!("/v1/queues/{}/rate-limit", args.queue.task_type);
+    let query = tenant_query(&args.queue.tenant);
+    let request = match args.rate {
+        Some(rate) if !args.clear => {
+            // The API checks the values; this only fills in the default burst.
+            let burst = args.burst.unwrap_or_else(|| default_burst(rate));
+            let body = serde_json::json!({ "rate_per_sec": rate, "burst": burst });
+            api.request(Method::PUT, &path).query(&query).json(&body)
+        }
+        _ => api.request(Method::DELETE, &path).query(&query),
+    };
+    let answer = api.send(request).await?;
+    if !api.printed_json(&answer) {
+        println!("{}", describe_queue(&answer));
+    }
+    Ok(())
+}
+
+/// The rate rounded up, at least 1 (a value the API refuses stays refused there).
+fn default_burst(rate: f64) -> i32 {
+    if rate.is_finite() && rate >= 1.0 && rate <= f64::from(i32::MAX) {
+        rate.ceil() as i32
+    } else {
+        1
+    }
 }
 
 /// One line for a queue's flow-control state (a `QueueControl`).
@@ -55,6 +102,13 @@ pub fn describe_queue(q: &Value) -> String {
     }
     if q["tenant_paused"] == true {
         line.push_str(" (its tenant is paused)");
+    }
+    if !q["rate_per_sec"].is_null() {
+        line.push_str(&format!(
+            ", at most {}/s (burst {})",
+            print::cell(&q["rate_per_sec"]),
+            print::cell(&q["burst"])
+        ));
     }
     line
 }
