@@ -457,6 +457,43 @@ async fn live_answers_validate_against_the_document(_: PgPoolOptions, db: PgConn
     let kept = json!({"name": "kept", "cron": "*/5 * * * * *", "task_type": "wordcount"});
     assert_eq!(c.json("post", schedules, schedules, t, &kept).await.0, 201);
     assert_eq!(c.call("delete", one_schedule, "/v1/schedules/nightly", t, None).await.0, 200);
+    // Flow control (pauses are lifted again: the worker runs the tasks below).
+    let pause = "/v1/queues/{task_type}/pause";
+    let resume = "/v1/queues/{task_type}/resume";
+    assert_eq!(c.call("post", pause, "/v1/queues/wordcount/pause", t, None).await.0, 200);
+    assert_eq!(c.call("post", pause, "/v1/queues/nothing/pause", t, None).await.0, 404);
+    assert_eq!(c.call("post", pause, "/v1/queues/bad%20type/pause", t, None).await.0, 400);
+    assert_eq!(c.call("post", pause, "/v1/queues/wordcount/pause", None, None).await.0, 401);
+    let (s, stats) = c.get("/v1/stats", "/v1/stats", t).await;
+    assert_eq!((s, &stats["queues"][0]["paused_by"]), (200, &json!("tenant:acme")));
+    assert_eq!(c.call("post", resume, "/v1/queues/wordcount/resume", t, None).await.0, 200);
+    assert_eq!(c.call("post", resume, "/v1/queues/nothing/resume", t, None).await.0, 404);
+    let rate = "/v1/queues/{task_type}/rate-limit";
+    let path = "/v1/queues/wordcount/rate-limit";
+    let limit = json!({"rate_per_sec": 1000.5, "burst": 100});
+    let (s, q) = c.json("put", rate, path, t, &limit).await;
+    assert_eq!((s, &q["rate_per_sec"], &q["burst"]), (200, &json!(1000.5), &json!(100)));
+    let zero = json!({"rate_per_sec": 0, "burst": 1});
+    assert_eq!(c.json("put", rate, path, t, &zero).await.0, 422);
+    assert_eq!(c.json("put", rate, path, t, &json!({"rate_per_sec": 1})).await.0, 400);
+    let nothing = "/v1/queues/nothing/rate-limit";
+    assert_eq!(c.json("put", rate, nothing, t, &limit).await.0, 404);
+    let (s, _) = c.call("put", rate, path, t, Some(("text/plain", b"{}".to_vec()))).await;
+    assert_eq!(s, 415);
+    let (s, stats) = c.get("/v1/stats", "/v1/stats", t).await;
+    assert_eq!((s, &stats["queues"][0]["burst"]), (200, &json!(100)));
+    let (s, q) = c.call("delete", rate, path, t, None).await;
+    assert_eq!((s, &q["rate_per_sec"]), (200, &Value::Null));
+    assert_eq!(c.call("delete", rate, nothing, t, None).await.0, 404);
+    let tpause = "/v1/tenants/{name}/pause";
+    let tresume = "/v1/tenants/{name}/resume";
+    assert_eq!(c.call("post", tpause, "/v1/tenants/acme/pause", t, None).await.0, 403);
+    assert_eq!(c.call("post", tpause, "/v1/tenants/nobody/pause", op, None).await.0, 404);
+    assert_eq!(c.call("post", tpause, "/v1/tenants/acme/pause", op, None).await.0, 200);
+    let (s, stats) = c.get("/v1/stats", "/v1/stats", op).await;
+    assert_eq!((s, &stats["paused_tenants"][0]["tenant"]), (200, &json!("acme")));
+    assert_eq!(c.call("post", tresume, "/v1/tenants/acme/resume", t, None).await.0, 403);
+    assert_eq!(c.call("post", tresume, "/v1/tenants/acme/resume", op, None).await.0, 200);
 
     // Statistics and tenants.
     assert_eq!(c.get("/v1/stats", "/v1/stats", t).await.0, 200);

@@ -23,8 +23,10 @@ use super::auth::{authenticate, Caller};
 use super::body;
 use super::error::{recover, ApiError};
 use super::handlers::schedules::{self, CreateScheduleRequest};
-use super::handlers::{modules, ops, tasks, tenants, Answer};
-use super::models::{ActivateRequest, CapsRequest, EnqueueRequest, WeightRequest};
+use super::handlers::{modules, ops, queues, tasks, tenants, Answer};
+use super::models::{
+    ActivateRequest, CapsRequest, EnqueueRequest, RateLimitRequest, WeightRequest,
+};
 use super::openapi;
 use super::params::PathText;
 use super::AdminState;
@@ -60,11 +62,17 @@ pub enum Route {
     SchedulePause,
     ScheduleResume,
     ScheduleDelete,
+    QueuePause,
+    QueueResume,
+    TenantPause,
+    TenantResume,
+    QueueRateLimit,
+    QueueRateLimitClear,
 }
 
 impl Route {
     /// Every route, in the order the server tries them.
-    pub const ALL: [Route; 25] = [
+    pub const ALL: [Route; 31] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
@@ -90,6 +98,12 @@ impl Route {
         Route::SchedulePause,
         Route::ScheduleResume,
         Route::ScheduleDelete,
+        Route::QueuePause,
+        Route::QueueResume,
+        Route::TenantPause,
+        Route::TenantResume,
+        Route::QueueRateLimit,
+        Route::QueueRateLimitClear,
     ];
 
     /// The documented path template, methods and operation, from the handler's
@@ -133,6 +147,12 @@ impl Route {
             Route::SchedulePause => of::<schedules::__path_pause>(),
             Route::ScheduleResume => of::<schedules::__path_resume>(),
             Route::ScheduleDelete => of::<schedules::__path_delete>(),
+            Route::QueuePause => of::<queues::__path_pause>(),
+            Route::QueueResume => of::<queues::__path_resume>(),
+            Route::TenantPause => of::<queues::__path_pause_tenant>(),
+            Route::TenantResume => of::<queues::__path_resume_tenant>(),
+            Route::QueueRateLimit => of::<queues::__path_set_rate_limit>(),
+            Route::QueueRateLimitClear => of::<queues::__path_clear_rate_limit>(),
         }
     }
 
@@ -370,6 +390,59 @@ impl Route {
                 .and(query())
                 .and_then(|PathText(name), state, caller, q| async move {
                     respond(schedules::delete(state, caller, name, q).await)
+                })
+                .boxed(),
+            Route::QueuePause => warp::path!("v1" / "queues" / PathText / "pause")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|PathText(task_type), state, caller, q| async move {
+                    respond(queues::pause(state, caller, task_type, q).await)
+                })
+                .boxed(),
+            Route::QueueResume => warp::path!("v1" / "queues" / PathText / "resume")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|PathText(task_type), state, caller, q| async move {
+                    respond(queues::resume(state, caller, task_type, q).await)
+                })
+                .boxed(),
+            Route::TenantPause => warp::path!("v1" / "tenants" / PathText / "pause")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and_then(|PathText(name), state, caller| async move {
+                    respond(queues::pause_tenant(state, caller, name).await)
+                })
+                .boxed(),
+            Route::TenantResume => warp::path!("v1" / "tenants" / PathText / "resume")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and_then(|PathText(name), state, caller| async move {
+                    respond(queues::resume_tenant(state, caller, name).await)
+                })
+                .boxed(),
+            Route::QueueRateLimit => warp::path!("v1" / "queues" / PathText / "rate-limit")
+                .and(warp::put())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and(body::json::<RateLimitRequest>(json_limit))
+                .and_then(|PathText(task_type), state, caller, q, request| async move {
+                    respond(queues::set_rate_limit(state, caller, task_type, q, request).await)
+                })
+                .boxed(),
+            Route::QueueRateLimitClear => warp::path!("v1" / "queues" / PathText / "rate-limit")
+                .and(warp::delete())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|PathText(task_type), state, caller, q| async move {
+                    respond(queues::clear_rate_limit(state, caller, task_type, q).await)
                 })
                 .boxed(),
         }

@@ -16,8 +16,8 @@ use super::error::ApiError;
 use super::json_input::{integer, optional_integer, present_integer};
 use super::params::EffectiveLimits;
 use crate::queue::{
-    CapsChange, DeadTask, Enqueued, ModuleVersion, NewTask, RunnerInfo, TaskId, Tenant, TypeStats,
-    MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS, MAX_WEIGHT,
+    CapsChange, DeadTask, Enqueued, ModuleVersion, NewTask, QueueControl, RunnerInfo, TaskId,
+    Tenant, TenantPause, TypeStats, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS, MAX_WEIGHT,
 };
 
 fn empty_object() -> Value {
@@ -155,6 +155,20 @@ impl From<CapsRequest> for CapsChange {
     }
 }
 
+/// `PUT /v1/queues/{task_type}/rate-limit` body.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitRequest {
+    /// Most starts per second on average, across all runners (may be fractional: 0.5 is one
+    /// every two seconds).
+    #[schema(exclusive_minimum = 0, maximum = 1000000)]
+    pub rate_per_sec: f64,
+    /// Most starts at once (the bucket's size).
+    #[serde(deserialize_with = "integer")]
+    #[schema(minimum = 1, maximum = 1000000)]
+    pub burst: i32,
+}
+
 /// `POST /v1/tenants/{name}/token` answer: the tenant and its new token, shown this once.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct TokenResponse {
@@ -237,6 +251,10 @@ pub struct StatsResponse {
     pub runners: Vec<RunnerView>,
     /// The cron schedules in scope, with their next and last run.
     pub schedules: Vec<crate::queue::CronSchedule>,
+    /// Queues under flow control (paused), by tenant and task type.
+    pub queues: Vec<QueueControl>,
+    /// Paused tenants: since when and by whom.
+    pub paused_tenants: Vec<TenantPause>,
 }
 
 /// `GET /v1/tenants`.

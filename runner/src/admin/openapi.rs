@@ -22,9 +22,12 @@ use super::handlers::modules::WasmModule;
 use super::handlers::schedules::{CreateScheduleRequest, SchedulesResponse};
 use super::models::{
     ActivateRequest, BatchResponse, CapsRequest, DeadPage, EnqueueRequest, ErrorResponse, Health,
-    ModulesResponse, StatsResponse, TenantsResponse, TokenResponse, UploadResponse, WeightRequest,
+    ModulesResponse, RateLimitRequest, StatsResponse, TenantsResponse, TokenResponse,
+    UploadResponse, WeightRequest,
 };
-use crate::queue::{CatchUp, CronSchedule, ModuleVersion, Overlap, TaskView, Tenant};
+use crate::queue::{
+    CatchUp, CronSchedule, ModuleVersion, Overlap, QueueControl, TaskView, Tenant, TenantPause,
+};
 
 /// Name of the security scheme every authenticated operation requires.
 pub const BEARER: &str = "bearer";
@@ -63,6 +66,9 @@ pub const BEARER: &str = "bearer";
             SchedulesResponse,
             Overlap,
             CatchUp,
+            QueueControl,
+            TenantPause,
+            RateLimitRequest,
         ),
         responses(
             BadRequest,
@@ -84,6 +90,7 @@ pub const BEARER: &str = "bearer";
         (name = "dead", description = "The dead-letter table"),
         (name = "tenants", description = "Tenants, weights, caps and tokens"),
         (name = "schedules", description = "Cron schedules: a task per tick"),
+        (name = "queues", description = "Flow control of a task type: pause, resume, rate limit"),
         (name = "ops", description = "Statistics, metrics, probes and this document")
     )
 )]

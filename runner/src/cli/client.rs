@@ -1,10 +1,11 @@
-//! Client commands: `module`, `enqueue`, `task`, `schedule`, `stats`, `dead` talk to the admin API over
+//! Client commands: `module`, `enqueue`, `task`, `schedule`, `stats`, `dead`, `queue` talk to the admin API over
 //! HTTP (`--url`/`SWEEP_URL`, `--token`/`SWEEP_TOKEN`) and print tables, or the API's JSON
 //! with `--json`. `admin` and `tenant` (in `operator`) work on the database directly.
 //!
 //! Invariant: the client adds nothing the API does not check itself; an API error is printed
 //! as the API worded it, with its code.
 
+mod flow;
 mod operator;
 mod print;
 mod queue;
@@ -17,6 +18,7 @@ use reqwest::{Method, RequestBuilder};
 use serde_json::{json, Value};
 
 // `AdminServerArgs` is for `sweep run` too, which serves the API next to its runner.
+pub use flow::{queue, QueueCommand};
 pub use operator::{admin, tenant, AdminArgs, AdminServerArgs, TenantCommand};
 pub use queue::{dead, enqueue, stats, task, DeadCommand, EnqueueArgs, StatsArgs, TaskCommand};
 pub use schedule::{schedule, ScheduleCommand};

@@ -95,6 +95,9 @@ pub enum Command {
     /// List or requeue dead tasks.
     #[command(subcommand)]
     Dead(client::DeadCommand),
+    /// Flow control of a task type: pause, resume.
+    #[command(subcommand)]
+    Queue(client::QueueCommand),
     /// Internal: compile the module on stdin to stdout under a CPU and memory budget (the
     /// runner and the admin API start this for every compile).
     #[command(name = "compile-module", hide = true)]
@@ -133,6 +136,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Schedule(command) => client::schedule(command).await,
         Command::Stats(args) => client::stats(args).await,
         Command::Dead(command) => client::dead(command).await,
+        Command::Queue(command) => client::queue(command).await,
         // main runs it before any runtime starts; here only for completeness.
         Command::CompileModule(args) => std::process::exit(sweep::sandbox::compile_module_main(
             args.cpu_secs,

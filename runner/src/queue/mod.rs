@@ -72,6 +72,7 @@ mod complete;
 mod dead;
 mod enqueue;
 mod error;
+mod flow;
 mod maintenance;
 mod modules;
 mod notify;
@@ -93,6 +94,11 @@ pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureRepor
 pub use dead::{cancel, get_task, list_dead, requeue, AttemptError, DeadTask, TaskView};
 pub use enqueue::{enqueue, enqueue_many, enqueue_many_within, enqueue_within, Enqueued};
 pub use error::{is_unreachable, while_unreachable, InvalidTask, QueueError};
+pub use flow::{
+    list_paused_tenants, list_queue_controls, pause_queue, pause_tenant, paused_by_operator,
+    paused_by_tenant, resume_queue, resume_tenant, set_rate_limit, FlowError, QueueControl,
+    RateLimit, TenantPause, MAX_BURST, MAX_RATE,
+};
 pub use maintenance::{
     delete_finished, prune_runners, reap_expired, repair_queue_hints, vacuum_live, RescuedTask,
 };
@@ -137,6 +143,7 @@ pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)>
         complete::STATEMENTS,
         dead::STATEMENTS,
         enqueue::STATEMENTS,
+        flow::STATEMENTS,
         maintenance::STATEMENTS,
         modules::STATEMENTS,
         runners::STATEMENTS,

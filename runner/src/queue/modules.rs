@@ -194,10 +194,13 @@ const INSERT_VERSION: &str = r#"
         on conflict (tenant, task_type)
             do update set version = excluded.version, activated_at = now()
     ),
-    -- The claim reads the active version's running limit from the queue row.
+    -- The claim reads the active version's running limit from the queue row; a new row
+    -- copies its tenant's pause under the tenant's lock (see 0015_flow_control.sql).
     queued as (
-        insert into sweep.queues (tenant, task_type, weight, max_running)
-        select $1, $2, coalesce((select weight from sweep.tenants where name = $1), 1), $11
+        insert into sweep.queues (tenant, task_type, weight, max_running, tenant_paused)
+        select $1, $2, coalesce((select weight from sweep.tenants where name = $1), 1), $11,
+               coalesce((select paused_at is not null from sweep.tenants
+                         where name = $1 for share), false)
         on conflict (tenant, task_type) do update set max_running = excluded.max_running
     )
     select version, created from chosen
@@ -212,11 +215,14 @@ const ACTIVATE: &str = r#"
             do update set version = excluded.version, activated_at = now()
         returning version
     ),
-    -- The claim reads the active version's running limit from the queue row.
+    -- The claim reads the active version's running limit from the queue row (a new row
+    -- copies its tenant's pause, as in INSERT_VERSION).
     queued as (
-        insert into sweep.queues (tenant, task_type, weight, max_running)
+        insert into sweep.queues (tenant, task_type, weight, max_running, tenant_paused)
         select m.tenant, m.task_type,
-               coalesce((select weight from sweep.tenants where name = $1), 1), m.max_running
+               coalesce((select weight from sweep.tenants where name = $1), 1), m.max_running,
+               coalesce((select paused_at is not null from sweep.tenants
+                         where name = $1 for share), false)
         from sweep.modules m
         where m.tenant = $1 and m.task_type = $2 and m.version = (select version from activated)
         on conflict (tenant, task_type) do update set max_running = excluded.max_running

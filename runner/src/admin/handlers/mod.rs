@@ -7,6 +7,7 @@
 pub mod modules;
 pub mod ops;
 pub mod schedules;
+pub mod queues;
 pub mod tasks;
 pub mod tenants;
 

@@ -128,7 +128,9 @@ pub async fn stats(state: AdminState, caller: Caller, query: Vec<(String, String
         .map(|r| RunnerView::new(r, operator, now))
         .collect();
     let schedules = queue::list_schedules(state.store(), scope.as_deref()).await?;
-    Ok(json(StatusCode::OK, &StatsResponse { types, runners, schedules }))
+    let queues = queue::list_queue_controls(state.store(), scope.as_deref()).await?;
+    let paused_tenants = queue::list_paused_tenants(state.store(), scope.as_deref()).await?;
+    Ok(json(StatusCode::OK, &StatsResponse { types, runners, schedules, queues, paused_tenants }))
 }
 
 /// `GET /healthz`: the process serves requests.

@@ -98,6 +98,19 @@ pub enum TenantCommand {
         #[command(flatten)]
         client: super::ClientArgs,
     },
+    /// Pause every task type of a tenant (operator token; through the admin API): claims skip
+    /// its work until `sweep tenant resume`; enqueues are still accepted.
+    Pause {
+        name: String,
+        #[command(flatten)]
+        client: super::ClientArgs,
+    },
+    /// Lift a tenant's pause (task types it paused itself stay paused).
+    Resume {
+        name: String,
+        #[command(flatten)]
+        client: super::ClientArgs,
+    },
     /// Set or clear some of a tenant's caps (operator token; through the admin API). Caps not
     /// named keep their value; `none` clears one (no cap beyond the runner's maxima).
     Caps(TenantCapsArgs),
@@ -256,6 +269,12 @@ pub async fn tenant(command: TenantCommand) -> anyhow::Result<()> {
                 println!("tenant {}: weight {}", print::cell(&answer["name"]), answer["weight"]);
             }
             Ok(())
+        }
+        TenantCommand::Pause { name, client } => {
+            super::flow::tenant_pause(&name, true, client).await
+        }
+        TenantCommand::Resume { name, client } => {
+            super::flow::tenant_pause(&name, false, client).await
         }
         TenantCommand::RotateToken { name, client } => {
             let api = super::Api::new(client)?;

@@ -205,6 +205,7 @@ pub async fn stats(args: StatsArgs) -> anyhow::Result<()> {
         println!();
         super::schedule::print_schedules(&s);
     }
+    super::flow::print_controls(&s);
     Ok(())
 }
 
