@@ -69,6 +69,7 @@ mod vocab;
 
 mod claim;
 mod complete;
+mod copy;
 mod dead;
 mod enqueue;
 mod error;
@@ -89,8 +90,12 @@ mod views;
 
 pub use claim::{claim, claim_batch, heartbeat_leases, release_batch, ClaimMode};
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
+pub use copy::COPY_MIN_BATCH;
 pub use dead::{cancel, get_task, list_dead, requeue, AttemptError, DeadTask, TaskView};
-pub use enqueue::{enqueue, enqueue_many, enqueue_many_within, enqueue_within, Enqueued};
+pub use enqueue::{
+    enqueue, enqueue_many, enqueue_many_using, enqueue_many_within, enqueue_within, EnqueueMethod,
+    Enqueued,
+};
 pub use error::{is_unreachable, while_unreachable, InvalidTask, QueueError};
 pub use maintenance::{
     delete_finished, prune_runners, reap_expired, repair_queue_hints, vacuum_live, RescuedTask,
@@ -128,6 +133,7 @@ pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)>
     [
         claim::STATEMENTS,
         complete::STATEMENTS,
+        copy::STATEMENTS,
         dead::STATEMENTS,
         enqueue::STATEMENTS,
         maintenance::STATEMENTS,
