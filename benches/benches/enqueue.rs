@@ -4,7 +4,10 @@
 //! run with `DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo bench -p sweep-benches --bench enqueue`
 //!
 //! - `enqueue/single`: one connection, sequential `enqueue` calls;
-//! - `enqueue/bulk/<N>`: one `enqueue_many` call of N tasks (1,000 and 10,000).
+//! - `enqueue/bulk/<N>`: one `enqueue_many` call of N tasks (1,000 and 10,000; the default
+//!   method, which takes COPY from `COPY_MIN_BATCH` on);
+//! - `enqueue/{insert,copy}/<N>`: the same call by one method (`enqueue_many_using`), N = 100,
+//!   1,000, 10,000: where COPY starts to pay is `COPY_MIN_BATCH`.
 //!
 //! Payloads are small (`{"i": n}`), no dedup keys. The table is truncated (outside the timed
 //! region) whenever it passes `SWEEP_BENCH_MAX_ROWS` (default 2,000,000) rows.
@@ -13,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use sqlx::PgPool;
-use sweep::queue::{self, NewTask};
+use sweep::queue::{self, EnqueueMethod, NewTask};
 use sweep_benches::{bench_pool, bench_tasks, env_usize, reset_live_tasks, runtime};
 
 struct Table {
@@ -44,13 +47,20 @@ async fn timed_single(table: &mut Table, iters: u64) -> Duration {
     elapsed
 }
 
-async fn timed_bulk(table: &mut Table, batches: &[Vec<NewTask>], iters: u64) -> Duration {
+async fn timed_bulk(
+    table: &mut Table,
+    batches: &[Vec<NewTask>],
+    method: EnqueueMethod,
+    iters: u64,
+) -> Duration {
     let mut elapsed = Duration::ZERO;
     for _ in 0..iters {
         let batch = &batches[table.rows % batches.len()];
         table.make_room(batch.len()).await;
         let start = Instant::now();
-        queue::enqueue_many(&table.pool, batch).await.expect("enqueue_many");
+        queue::enqueue_many_using(&table.pool, batch, usize::MAX, method)
+            .await
+            .expect("enqueue_many");
         elapsed += start.elapsed();
         table.rows += batch.len();
     }
@@ -70,12 +80,22 @@ fn enqueue(c: &mut Criterion) {
     });
     // A 10,000-task call takes tens of milliseconds: 10 samples keep a run to seconds.
     group.sample_size(10);
-    for n in [1_000, 10_000] {
+    let cases = [
+        ("bulk", EnqueueMethod::Auto, 1_000),
+        ("bulk", EnqueueMethod::Auto, 10_000),
+        ("insert", EnqueueMethod::Insert, 100),
+        ("copy", EnqueueMethod::Copy, 100),
+        ("insert", EnqueueMethod::Insert, 1_000),
+        ("copy", EnqueueMethod::Copy, 1_000),
+        ("insert", EnqueueMethod::Insert, 10_000),
+        ("copy", EnqueueMethod::Copy, 10_000),
+    ];
+    for (name, method, n) in cases {
         // Payloads are built once, outside the timed region (the caller's cost, not the queue's).
         let batches: Vec<Vec<NewTask>> = (0..4).map(|k| bench_tasks(n, k * n)).collect();
         group.throughput(Throughput::Elements(n as u64));
-        group.bench_function(BenchmarkId::new("bulk", n), |b| {
-            b.iter_custom(|iters| rt.block_on(timed_bulk(&mut table, &batches, iters)))
+        group.bench_function(BenchmarkId::new(name, n), |b| {
+            b.iter_custom(|iters| rt.block_on(timed_bulk(&mut table, &batches, method, iters)))
         });
     }
     group.finish();

@@ -5,6 +5,8 @@
 //! - `latency`: enqueue one task at a time at a fixed rate into an idle queue and report the
 //!   wake-up latency distribution (enqueue commit to attempt start, NOTIFY path).
 //!
+//! - `enqueue`: bulk enqueue throughput through the library (COPY and INSERT) and the admin
+//!   API's batch route, no runner (see `bench/enqueue.rs`).
 //! - `fairness`: tenants and task types sharing one runner (see `bench/fairness.rs`).
 //! - `compile`: the costliest module the compile limits admit, against a `sweep run`
 //!   process (see `bench/compile.rs`).
@@ -32,6 +34,7 @@ use sweep::args::{default_modules_dir, WorkerArgs};
 use crate::fixtures;
 
 pub mod compile;
+pub mod enqueue;
 pub mod fairness;
 pub mod memory;
 
@@ -96,6 +99,8 @@ pub enum BenchMode {
         #[command(flatten)]
         worker: WorkerArgs,
     },
+    /// Bulk enqueue throughput: the library's COPY and INSERT paths and the API's batch route.
+    Enqueue(enqueue::EnqueueArgs),
     /// Tenants sharing a runner: noisy neighbour, weighted shares, cost with 1,000 tenants,
     /// control-plane latency with every slot spinning.
     Fairness(fairness::FairnessArgs),
@@ -143,6 +148,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             throughput(&store, tasks, retained, &worker, args.sql_limit).await
         }
         BenchMode::Latency { tasks, rate, worker } => latency(&store, tasks, rate, &worker).await,
+        BenchMode::Enqueue(args) => enqueue::enqueue(&store, url, &args).await,
         BenchMode::Fairness(fair) => fairness::fairness(url, &args.modules_dir, &fair).await,
         BenchMode::Compile(compile) => compile::compile(url, &compile).await,
         BenchMode::Memory(memory) => memory::memory(url, &memory).await,

@@ -88,6 +88,31 @@ where
         })
 }
 
+/// A JSON body of at most `limit` bytes, parsed by `parse` (which says how its errors read).
+pub fn json_with<T, F>(
+    limit: usize,
+    parse: F,
+) -> impl Filter<Extract = (T,), Error = Rejection> + Clone
+where
+    T: Send + 'static,
+    F: Fn(&[u8]) -> Result<T, ApiError> + Clone + Send + Sync + 'static,
+{
+    warp::header::optional::<String>("content-type")
+        .and(warp::header::optional::<u64>("content-length"))
+        .and(warp::body::stream())
+        .and_then(move |content_type: Option<String>, length: Option<u64>, body| {
+            let parse = parse.clone();
+            async move {
+                let parsed = async {
+                    check_content_type(content_type.as_deref(), JSON)?;
+                    let bytes = read_limited(length, body, limit).await?;
+                    parse(&bytes)
+                };
+                parsed.await.map_err(ApiError::reject)
+            }
+        })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

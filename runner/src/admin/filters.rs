@@ -21,6 +21,7 @@ use warp::{Filter, Rejection};
 
 use super::auth::{authenticate, Caller};
 use super::body;
+use super::enqueue_input;
 use super::error::{recover, ApiError};
 use super::handlers::schedules::{self, CreateScheduleRequest};
 use super::handlers::{modules, ops, queues, tasks, tenants, Answer};
@@ -174,6 +175,7 @@ impl Route {
     fn filter(self, state: &AdminState) -> BoxedFilter<(Response,)> {
         let auth = || authenticate(state.clone());
         let json_limit = state.config().max_json_bytes;
+        let max_batch = state.config().max_batch;
         match self {
             Route::Healthz => warp::path!("healthz").and(warp::get()).map(ops::healthz).boxed(),
             Route::Readyz => warp::path!("readyz")
@@ -256,7 +258,9 @@ impl Route {
                 .and(with(state))
                 .and(auth())
                 .and(query())
-                .and(body::json::<Vec<EnqueueRequest>>(json_limit))
+                .and(body::json_with(json_limit, move |bytes| {
+                    enqueue_input::parse_batch(bytes, max_batch)
+                }))
                 .and_then(|state, caller, q, requests| async move {
                     respond(tasks::enqueue_batch(state, caller, q, requests).await)
                 })

@@ -103,7 +103,7 @@ impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Element<S> {
 }
 
 /// An integer as JSON Schema counts them (`5`, `5.0`), in `T`'s range.
-struct Integer<T>(T);
+pub(crate) struct Integer<T>(pub T);
 
 impl<'de, T> Deserialize<'de> for Integer<T>
 where

@@ -7,7 +7,9 @@
 //! alone; `sweep run` serves it next to a runner.
 //!
 //! Files: `config` (settings), `auth` (tokens, callers, tenant scoping), `body` (size-limited
-//! bodies), `json_input` (request JSON read as the OpenAPI document describes it), `params`
+//! bodies), `json_input` (request JSON read as the OpenAPI document describes it),
+//! `enqueue_input` (enqueue bodies; the batch read in one pass, errors naming index and field),
+//! `params`
 //! (query strings, module limits), `turns` (one compile per tenant), `models` (JSON bodies),
 //! `handlers/*`
 //! (one file per resource), `filters` (route table), `openapi` (the OpenAPI document built
@@ -27,6 +29,7 @@
 mod auth;
 mod body;
 mod config;
+mod enqueue_input;
 mod error;
 mod filters;
 mod handlers;

@@ -13,38 +13,36 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::error::ApiError;
-use super::json_input::{integer, optional_integer, present_integer};
+use super::json_input::{integer, present_integer};
 use super::params::EffectiveLimits;
 use crate::queue::{
     CapsChange, DeadTask, Enqueued, ModuleVersion, NewTask, QueueControl, RunnerInfo, TaskId,
     Tenant, TenantPause, TypeStats, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS, MAX_WEIGHT,
 };
 
-fn empty_object() -> Value {
-    Value::Object(serde_json::Map::new())
-}
-
-/// `POST /v1/tasks` (and each element of `POST /v1/tasks/batch`).
-#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+/// `POST /v1/tasks` (and each element of `POST /v1/tasks/batch`). Read by the hand-written
+/// `Deserialize` in `enqueue_input.rs` (which names the field of an error); the serde
+/// attributes here describe it to the OpenAPI document (and to `Serialize`, for clients).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnqueueRequest {
     /// Names the module that runs the task; the tenant must have one registered (else 422).
     #[schema(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
     pub task_type: String,
     /// A JSON object; `{}` when absent.
-    #[serde(default = "empty_object")]
+    #[serde(default)]
     #[schema(value_type = Object)]
     pub payload: Value,
     /// Higher runs first, within the task type; negative: only when nothing else is due.
-    #[serde(default, deserialize_with = "integer")]
+    #[serde(default)]
     pub priority: i32,
     /// When the task becomes due (2000-01-01 to ten years ahead); not with `delay_ms`.
     pub run_at: Option<DateTime<Utc>>,
     /// Due this many milliseconds from now (at most ten years); not with `run_at`.
-    #[serde(default, deserialize_with = "optional_integer")]
+    #[serde(default)]
     pub delay_ms: Option<u64>,
     /// Default: the module's setting, else 5.
-    #[serde(default, deserialize_with = "optional_integer")]
+    #[serde(default)]
     #[schema(minimum = 1, maximum = 1000)]
     pub max_attempts: Option<i32>,
     /// While a live task of the tenant holds this key, enqueueing it again answers that task.

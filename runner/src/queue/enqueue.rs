@@ -1,5 +1,6 @@
 //! Enqueueing: one task or tens of thousands in one statement, with dedup keys, and a single
-//! NOTIFY per statement (never one per row: per-row notifies serialise commits).
+//! NOTIFY per statement (never one per row: per-row notifies serialise commits). A large batch
+//! without dedup keys goes through binary `COPY` instead (`copy.rs`), with the same rows.
 //!
 //! Invariant: the whole batch is validated before anything is sent, payload sizes included
 //! (`*_within`); an invalid task rejects the batch and writes nothing.
@@ -11,7 +12,7 @@ use serde_json::Value;
 use sqlx::{postgres::PgArguments, query::QueryAs, Executor, Postgres};
 
 use super::{
-    sql_millis, types::Schedule, Connects, InvalidTask, NewTask, QueueError, TaskId,
+    copy, sql_millis, types::Schedule, Connects, InvalidTask, NewTask, QueueError, TaskId,
     DEFAULT_MAX_ATTEMPTS,
 };
 
@@ -68,8 +69,48 @@ pub async fn enqueue_many_within<'c, A>(
 where
     A: Connects<'c>,
 {
+    enqueue_many_using(conn, tasks, max_payload_bytes, EnqueueMethod::Auto).await
+}
+
+/// How a batch is written. Both write the same rows and answer the same ids (`copy.rs` says
+/// how); only their speed differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EnqueueMethod {
+    /// `Copy` for a batch of at least [`COPY_MIN_BATCH`](super::COPY_MIN_BATCH) tasks
+    /// without dedup keys, else `Insert`.
+    #[default]
+    Auto,
+    /// One `INSERT ... SELECT FROM unnest(...)` statement (the only one that takes dedup keys).
+    Insert,
+    /// Binary `COPY` in a transaction of its own (a savepoint inside the caller's); a batch
+    /// with a dedup key is still inserted.
+    Copy,
+}
+
+/// [`enqueue_many_within`] by the given method (for measuring them against each other; use
+/// `Auto`, the default, otherwise).
+pub async fn enqueue_many_using<'c, A>(
+    conn: A,
+    tasks: &[NewTask],
+    max_payload_bytes: usize,
+    method: EnqueueMethod,
+) -> Result<Vec<Enqueued>, QueueError>
+where
+    A: Connects<'c>,
+{
     if tasks.len() > MAX_BATCH {
         return Err(InvalidTask::BatchTooLarge { got: tasks.len(), max: MAX_BATCH }.into());
+    }
+    let copy = match method {
+        EnqueueMethod::Auto => tasks.len() >= copy::COPY_MIN_BATCH,
+        EnqueueMethod::Insert => false,
+        EnqueueMethod::Copy => !tasks.is_empty(),
+    };
+    if copy && tasks.iter().all(|t| t.dedup_key.is_none()) {
+        let encoded = copy::encode(tasks, max_payload_bytes)?;
+        let mut conn = conn.connect().await?;
+        let (raw, pooled) = conn.raw();
+        return copy::enqueue_copy(raw, pooled, tasks, encoded).await;
     }
     for (index, task) in tasks.iter().enumerate() {
         let checked = task.validate().and_then(|()| {

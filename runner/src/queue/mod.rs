@@ -69,6 +69,7 @@ mod vocab;
 
 mod claim;
 mod complete;
+mod copy;
 mod dead;
 mod enqueue;
 mod error;
@@ -91,8 +92,12 @@ mod views;
 
 pub use claim::{claim, claim_batch, heartbeat_leases, release_batch, ClaimMode};
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
+pub use copy::COPY_MIN_BATCH;
 pub use dead::{cancel, get_task, list_dead, requeue, AttemptError, DeadTask, TaskView};
-pub use enqueue::{enqueue, enqueue_many, enqueue_many_within, enqueue_within, Enqueued};
+pub use enqueue::{
+    enqueue, enqueue_many, enqueue_many_using, enqueue_many_within, enqueue_within, EnqueueMethod,
+    Enqueued,
+};
 pub use error::{is_unreachable, while_unreachable, InvalidTask, QueueError};
 pub use flow::{
     list_paused_tenants, list_queue_controls, pause_queue, pause_tenant, paused_by_operator,
@@ -141,6 +146,7 @@ pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)>
     [
         claim::STATEMENTS,
         complete::STATEMENTS,
+        copy::STATEMENTS,
         dead::STATEMENTS,
         enqueue::STATEMENTS,
         flow::STATEMENTS,

@@ -256,6 +256,15 @@ impl Conn<sqlx::Transaction<'_, Postgres>> {
     }
 }
 
+impl<C: DerefMut<Target = PgConnection>> Conn<C> {
+    /// The connection itself and whether it is a pooler's, for what an executor cannot carry
+    /// (`COPY`, `queue/copy.rs`): statements sent on it must then keep this module's rules
+    /// themselves (unnamed, inside a transaction, when pooled).
+    pub(super) fn raw(&mut self) -> (&mut PgConnection, bool) {
+        (&mut self.conn, self.pooled)
+    }
+}
+
 // For every pair of lifetimes (the future owns a pool handle), as sqlx does for `&Pool`: a
 // future spawned with `&store` inside must be `Send` for lifetimes the compiler cannot name.
 impl<'c> Connects<'c> for &'_ Store {

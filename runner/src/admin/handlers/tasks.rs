@@ -49,8 +49,12 @@ pub(super) async fn check_modules(
     tasks: &[NewTask],
 ) -> Result<(), ApiError> {
     let mut seen = HashSet::new();
-    let types: Vec<String> =
-        tasks.iter().map(|t| t.task_type.clone()).filter(|t| seen.insert(t.clone())).collect();
+    let types: Vec<String> = tasks
+        .iter()
+        .map(|t| t.task_type.as_str())
+        .filter(|t| seen.insert(*t))
+        .map(str::to_owned)
+        .collect();
     let missing = queue::missing_modules(state.store(), tenant, &types).await?;
     match missing.as_slice() {
         [] => Ok(()),
@@ -106,7 +110,9 @@ pub async fn enqueue(
     Ok(created_or_ok(enqueued.created, &enqueued))
 }
 
-/// `POST /v1/tasks/batch` with an array of tasks: 201 with their ids in input order.
+/// `POST /v1/tasks/batch` with an array of tasks: 201 with their ids in input order. The body
+/// was read by `enqueue_input::parse_batch` (at most `max_batch` elements); a large batch is
+/// written by `COPY` (`queue/copy.rs`).
 #[utoipa::path(
     post,
     path = "/v1/tasks/batch",
@@ -115,7 +121,7 @@ pub async fn enqueue(
     security(("bearer" = [])),
     params(TenantParam),
     request_body(
-        description = "At most 10 000 tasks; all are enqueued or none",
+        description = "At most `max_batch` tasks (default 10 000) in at most `max_json_bytes` (default 8 MiB); all are enqueued or none, and an error names the task's index (and the field)",
         content = Vec<EnqueueRequest>,
         content_type = "application/json",
     ),
