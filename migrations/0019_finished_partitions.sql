@@ -14,9 +14,9 @@
 --                           migration, whichever is later.
 --
 -- Who does what (all in sweep_finished_retention, which every runner's retention calls):
---   creates   the day partitions from today to a few days ahead (and back to the oldest
---             retained row waiting in the default partition), so the partition a completion
---             needs exists days before it is needed;
+--   creates   the day partitions from today to a few days ahead, so the partition a
+--             completion needs exists days before it is needed, and those of the days of
+--             unexpired rows waiting in the default partition;
 --   drops     every partition whose upper bound is older than the retention TTL, whole;
 --   deletes   rows older than the TTL only in the default and the legacy partition, in
 --             bounded batches, as retention did before. A day partition is never deleted
@@ -182,7 +182,7 @@ declare
     -- (A TTL past a century is a century: the interval must not overflow.)
     cutoff timestamptz := now() - least(p_keep_ms, 3155760000000) * interval '1 millisecond';
     fallback regclass;
-    oldest timestamptz;
+    d timestamptz;
     p record;
     n bigint;
 begin
@@ -194,6 +194,7 @@ begin
         return;
     end if;
 
+    created := sweep_finished_add_partitions(now(), now() + p_ahead_days * interval '1 day');
     select nullif(partdefid, 0)::regclass into fallback
     from pg_partitioned_table where partrelid = 'finished_tasks'::regclass;
     if fallback is null then
@@ -203,11 +204,15 @@ begin
             null;
         end;
     else
-        execute format('select min(finished_at) from %s where finished_at >= $1', fallback)
-        into oldest using cutoff;
+        -- Only the days that have rows waiting: an empty partition would cost every lookup
+        -- by id one more probe until it expired.
+        for d in execute format('select distinct date_trunc(''day'', finished_at, ''UTC'')
+                                 from %s where finished_at >= $1', fallback)
+                 using cutoff
+        loop
+            created := created + sweep_finished_add_partitions(d, d);
+        end loop;
     end if;
-    created := sweep_finished_add_partitions(least(oldest, now()),
-                                             now() + p_ahead_days * interval '1 day');
 
     for p in
         select * from sweep_finished_partitions() f
