@@ -1,5 +1,5 @@
-//! Maintenance: the reaper rescues tasks of runners that stopped heartbeating, retention
-//! deletes old finished tasks in bounded batches, and stats count what is where.
+//! Maintenance: the reaper rescues tasks of runners that stopped heartbeating, and stats count
+//! what is where. Retention of finished tasks is tested in queue_history.rs.
 
 mod common;
 
@@ -135,41 +135,6 @@ async fn concurrent_reapers_rescue_each_task_once(_: PgPoolOptions, db: PgConnec
             .await
             .unwrap();
     assert_eq!(attempts, vec![1], "exactly one history entry per task");
-}
-
-#[sqlx::test(migrations = false)]
-async fn retention_deletes_old_finished_tasks_in_batches(_: PgPoolOptions, db: PgConnectOptions) {
-    let db = migrated(db).await;
-    let pool = db.pool();
-    let runner = new_runner();
-    let ids = enqueue_n(&pool, "t", 30).await;
-    let claimed = claim(&pool, runner, 25).await;
-    let done: Vec<_> = claimed.iter().take(20).map(|c| completion(c, json!({}))).collect();
-    queue::complete_batch(&pool, runner, &done).await.unwrap();
-    queue::cancel(&pool, None, *ids.last().unwrap()).await.unwrap();
-
-    // Nothing is older than a day.
-    assert_eq!(queue::delete_finished(&pool, Duration::from_secs(86_400), 10).await.unwrap(), 0);
-    let mut rounds = Vec::new();
-    loop {
-        let n = queue::delete_finished(&pool, Duration::ZERO, 10).await.unwrap();
-        rounds.push(n);
-        if n < 10 {
-            break;
-        }
-    }
-    assert_eq!(rounds, vec![10, 10, 1]);
-    let left: Vec<String> = sqlx::query_scalar("select distinct state from sweep.tasks order by 1")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    let left: Vec<TaskState> = left.iter().map(|s| s.parse().unwrap()).collect();
-    assert_eq!(left, vec![TaskState::Pending, TaskState::Running], "live tasks are never deleted");
-    let history: i64 = sqlx::query_scalar("select count(*) from sweep.finished_tasks")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(history, 0, "every finished task was old enough to go");
 }
 
 #[sqlx::test(migrations = false)]

@@ -1,6 +1,6 @@
 //! Maintenance statements every runner runs periodically: the reaper (rescues tasks whose
-//! runner stopped heartbeating), retention (deletes old finished tasks), vacuuming the live
-//! table and pruning of dead runner rows.
+//! runner stopped heartbeating), retention (creates the day partitions of finished tasks and
+//! drops the old ones), vacuuming the live table and pruning of dead runner rows.
 //!
 //! Invariant: all of these are safe when every runner runs them at the same moment: rows are
 //! picked with `FOR UPDATE SKIP LOCKED` and re-checked, and work is bounded per statement so no
@@ -110,19 +110,41 @@ async fn take_over_expired<'c, E: PgExecutor<'c>>(
         .collect())
 }
 
-/// Deletes at most `batch` finished (succeeded or cancelled) tasks that finished more than
-/// `older_than` ago. Returns how many were deleted; call again while it returns `batch`.
-pub async fn delete_finished<'c, E: PgExecutor<'c>>(
+/// Day partitions of `finished_tasks` created this far ahead of today, so the partition a
+/// completion needs exists days before it is needed even when retention cannot run for a while
+/// (until then the default partition catches the rows).
+pub const PARTITIONS_AHEAD_DAYS: i32 = 3;
+
+/// What one retention step did (see [`retain_finished`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Day partitions created.
+    pub created: i32,
+    /// Partitions dropped whole, every row in them older than the TTL.
+    pub dropped: i32,
+    /// Rows deleted one by one: those older than the TTL in the default partition and in the
+    /// partition of history from before partitioning (`migrations/0019_finished_partitions.sql`).
+    pub deleted: i64,
+}
+
+/// One retention step over finished (succeeded and cancelled) tasks, which are partitioned by
+/// UTC day of `finished_at`: creates the day partitions up to [`PARTITIONS_AHEAD_DAYS`] ahead,
+/// drops every partition wholly older than `older_than`, and deletes at most `batch` rows older
+/// than that outside the day partitions. A day partition is never deleted from row by row, so
+/// a finished task is kept at least `older_than` and at most one day longer. Call again while
+/// `deleted` is `batch`. When another runner is running a step, does nothing.
+pub async fn retain_finished<'c, E: PgExecutor<'c>>(
     executor: E,
     older_than: Duration,
     batch: usize,
-) -> Result<u64, QueueError> {
-    let done = sqlx::query(DELETE_FINISHED)
+) -> Result<Retention, QueueError> {
+    let (created, dropped, deleted): (i32, i32, i64) = sqlx::query_as(RETAIN_FINISHED)
         .bind(sql_millis(older_than))
-        .bind(sql_count(batch))
-        .execute(executor)
+        .bind(PARTITIONS_AHEAD_DAYS)
+        .bind(i32::try_from(batch).unwrap_or(i32::MAX))
+        .fetch_one(executor)
         .await?;
-    Ok(done.rows_affected())
+    Ok(Retention { created, dropped, deleted })
 }
 
 /// Vacuums the live table, skipping it when another vacuum holds it (every runner calls this
@@ -187,15 +209,10 @@ const TAKE_OVER_EXPIRED: &str = concat!(
                where a.tenant = t.tenant and a.task_type = t.task_type)
     "#
 );
-const DELETE_FINISHED: &str = r#"
-    with doomed as (
-        select id from sweep.finished_tasks
-        where finished_at < now() - $1 * interval '1 millisecond'
-        order by finished_at
-        limit $2
-        for update skip locked
-    )
-    delete from sweep.finished_tasks f using doomed where f.id = doomed.id
+// One statement, so it holds on a transaction pooler: the DDL, its locks and the advisory
+// lock that keeps runners from doing it at once all live in the function's transaction.
+const RETAIN_FINISHED: &str = r#"
+    select created, dropped, deleted from sweep.sweep_finished_retention($1, $2, $3)
     "#;
 
 const VACUUM_LIVE: &str = r#"vacuum (skip_locked) sweep.tasks"#;
@@ -226,4 +243,4 @@ const REPAIR_HINTS: &str = r#"
 
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] =
-    statements![TAKE_OVER_EXPIRED, DELETE_FINISHED, VACUUM_LIVE, PRUNE_RUNNERS, REPAIR_HINTS];
+    statements![TAKE_OVER_EXPIRED, RETAIN_FINISHED, VACUUM_LIVE, PRUNE_RUNNERS, REPAIR_HINTS];

@@ -12,7 +12,9 @@
 //!   `running`, a table constraint) and the attempt number; a fenced-out row is reported back
 //!   as lost, never overwritten;
 //! - `tasks` holds only live work: a task that finishes moves to `finished_tasks`, one that
-//!   dies to `dead_tasks`, in the statement that ends it;
+//!   dies to `dead_tasks`, in the statement that ends it. `finished_tasks` is partitioned by
+//!   UTC day of `finished_at` (`migrations/0019_finished_partitions.sql`): statements write and
+//!   read it through the parent only, never naming a partition;
 //! - every table and function is named with its schema (`sweep.`, see [`Store`]), every
 //!   state and failure kind comes from the vocabulary ([`TaskState`], [`FailureKind`]), and every statement is a named
 //!   const listed in its module's `STATEMENTS`, which a test prepares against the schema;
@@ -105,7 +107,8 @@ pub use flow::{
     RateLimit, TenantPause, MAX_BURST, MAX_RATE,
 };
 pub use maintenance::{
-    delete_finished, prune_runners, reap_expired, repair_queue_hints, vacuum_live, RescuedTask,
+    prune_runners, reap_expired, repair_queue_hints, retain_finished, vacuum_live, RescuedTask,
+    Retention, PARTITIONS_AHEAD_DAYS,
 };
 pub use modules::{
     activate_version, list_versions, module_bytes, register_module, ModuleSettings, ModuleVersion,

@@ -90,9 +90,20 @@ pub(super) async fn run(
     };
     let retention = every(m.retention_interval, stop.clone(), || async {
         loop {
-            match queue::delete_finished(&store, m.retention_ttl, m.retention_batch).await {
-                Ok(n) if n as usize >= m.retention_batch => continue,
-                Ok(_) => break,
+            match queue::retain_finished(&store, m.retention_ttl, m.retention_batch).await {
+                Ok(r) => {
+                    if r.created > 0 || r.dropped > 0 {
+                        tracing::info!(
+                            created = r.created,
+                            dropped = r.dropped,
+                            "finished-task partitions maintained"
+                        );
+                    }
+                    if r.deleted as usize >= m.retention_batch {
+                        continue;
+                    }
+                    break;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "retention failed");
                     break;
