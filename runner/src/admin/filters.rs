@@ -23,7 +23,9 @@ use super::auth::{authenticate, Caller};
 use super::body;
 use super::error::{recover, ApiError};
 use super::handlers::{modules, ops, tasks, tenants, Answer};
-use super::models::{ActivateRequest, CapsRequest, EnqueueRequest, WeightRequest};
+use super::models::{
+    ActivateRequest, CancelTasksRequest, CapsRequest, EnqueueRequest, WeightRequest,
+};
 use super::openapi;
 use super::params::PathText;
 use super::AdminState;
@@ -46,6 +48,7 @@ pub enum Route {
     EnqueueBatch,
     TaskShow,
     TaskCancel,
+    TasksCancel,
     DeadList,
     DeadRequeue,
     Stats,
@@ -57,7 +60,7 @@ pub enum Route {
 
 impl Route {
     /// Every route, in the order the server tries them.
-    pub const ALL: [Route; 19] = [
+    pub const ALL: [Route; 20] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
@@ -70,6 +73,7 @@ impl Route {
         Route::EnqueueBatch,
         Route::TaskShow,
         Route::TaskCancel,
+        Route::TasksCancel,
         Route::DeadList,
         Route::DeadRequeue,
         Route::Stats,
@@ -107,6 +111,7 @@ impl Route {
             Route::EnqueueBatch => of::<tasks::__path_enqueue_batch>(),
             Route::TaskShow => of::<tasks::__path_show>(),
             Route::TaskCancel => of::<tasks::__path_cancel>(),
+            Route::TasksCancel => of::<tasks::__path_cancel_many>(),
             Route::DeadList => of::<ops::__path_dead>(),
             Route::DeadRequeue => of::<ops::__path_requeue>(),
             Route::Stats => of::<ops::__path_stats>(),
@@ -236,6 +241,16 @@ impl Route {
                 .and(auth())
                 .and_then(|id, state, caller| async move {
                     respond(tasks::cancel(state, caller, id).await)
+                })
+                .boxed(),
+            Route::TasksCancel => warp::path!("v1" / "tasks" / "cancel")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and(body::json::<CancelTasksRequest>(json_limit))
+                .and_then(|state, caller, q, request| async move {
+                    respond(tasks::cancel_many(state, caller, q, request).await)
                 })
                 .boxed(),
             Route::DeadList => warp::path!("v1" / "dead")
