@@ -102,7 +102,7 @@ async fn bulk_cancel_is_scoped_to_the_tenant_and_counts(_: PgPoolOptions, db: Pg
         assert!(answer.message().contains(field), "{body}: {}", answer.message());
     }
     for id in acme_waiting.iter().chain(&running) {
-        assert!(state(&pool, *id).await.is_live(), "nothing was cancelled by bad input");
+        assert!(common::state(&pool, *id).await.is_live(), "nothing was cancelled by bad input");
     }
 
     // Only the waiting ones first, then the rest; another tenant's tasks are untouched.
@@ -114,12 +114,12 @@ async fn bulk_cancel_is_scoped_to_the_tenant_and_counts(_: PgPoolOptions, db: Pg
     for id in acme_waiting.iter().chain(&running) {
         assert_eq!(wait_ended(&pool, *id).await.state, TaskState::Cancelled);
     }
-    assert_eq!(state(&pool, globex_waiting).await, TaskState::Pending);
+    assert_eq!(common::state(&pool, globex_waiting).await, TaskState::Pending);
     // A tenant cannot name another; the operator can.
     let other = api.post("/v1/tasks/cancel?tenant=globex", a, &json!({"task_type": "nap"})).await;
     other.expect(403, "tenant_not_allowed");
-    let op =
-        api.post("/v1/tasks/cancel?tenant=globex", Some(OPERATOR), &json!({"task_type": "nap"}));
-    assert_eq!(op.await.ok(200), &json!({"cancelled": 1, "cancel_requested": 0}));
+    let nap = json!({"task_type": "nap"});
+    let op = api.post("/v1/tasks/cancel?tenant=globex", Some(OPERATOR), &nap).await;
+    assert_eq!(op.ok(200), &json!({"cancelled": 1, "cancel_requested": 0}));
     runner.stop().await;
 }

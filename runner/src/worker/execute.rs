@@ -52,6 +52,9 @@ pub(super) async fn execute(
                 Err(_) => std::future::pending().await,
             }
         };
+        // Shared by the module's load (a first run compiles it: seconds for a big module) and
+        // the run, so a cancel never waits for a compile.
+        tokio::pin!(cancel);
         let retry = config.retry.for_module(task.module.as_ref().map(|m| &m.settings));
         let (execution, sha256) = match &task.module {
             None => (not_run(Outcome::ModuleMissing), None),
@@ -69,8 +72,14 @@ pub(super) async fn execute(
                         Err(e) => Err(format!("reading the module did not finish: {e}")),
                     }
                 };
-                let execution = match modules.get_or_compile(&module.sha256, load).await {
-                    Ok(compiled) => {
+                let loaded = tokio::select! {
+                    biased;
+                    () = &mut cancel => None,
+                    loaded = modules.get_or_compile(&module.sha256, load) => Some(loaded),
+                };
+                let execution = match loaded {
+                    None => not_run(Outcome::Cancelled),
+                    Some(Ok(compiled)) => {
                         let limits = Limits::resolve(
                             &config.sandbox.defaults,
                             &overrides(&module.settings, task.max_result_bytes),
@@ -83,9 +92,9 @@ pub(super) async fn execute(
                             u32::try_from(task.max_attempts).unwrap_or(0),
                             &task.payload,
                         );
-                        sandbox.run_cancellable(&compiled, &input, &limits, cancel).await
+                        sandbox.run_cancellable(&compiled, &input, &limits, &mut cancel).await
                     }
-                    Err(e) => {
+                    Some(Err(e)) => {
                         let why = error_chain(&e);
                         not_run(Outcome::RunnerError(format!("module not loadable: {why}")))
                     }

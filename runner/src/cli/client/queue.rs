@@ -108,7 +108,7 @@ pub async fn task(command: TaskCommand) -> anyhow::Result<()> {
     };
     let api = Api::new(client)?;
     let method = if path.ends_with("/cancel") { Method::POST } else { Method::GET };
-    let t = api.send(api.request(method, &path)).await?;
+    let t = api.send(api.request(method.clone(), &path)).await?;
     if !api.printed_json(&t) {
         if method == Method::POST && !t["cancel_requested_at"].is_null() {
             println!(
