@@ -187,6 +187,11 @@ pub async fn wait_settled(pool: &PgPool, id: TaskId) -> TaskView {
     .await
 }
 
+/// Waits until task `id` is no longer live (succeeded, cancelled or dead).
+pub async fn wait_ended(pool: &PgPool, id: TaskId) -> TaskView {
+    wait_for(pool, id, "finished, cancelled or dead", |t| !t.state.is_live()).await
+}
+
 /// The kind of each entry of a task's error history (an unknown kind fails the test).
 pub fn error_kinds(t: &TaskView) -> Vec<FailureKind> {
     t.errors.as_array().map_or_else(Vec::new, |a| {

@@ -32,6 +32,9 @@ pub const TASK_OUTCOMES: &str = "sweep_task_outcomes_total";
 pub const TASK_DURATION: &str = "sweep_task_duration_seconds";
 /// Histogram: fuel one task's execution used.
 pub const TASK_FUEL: &str = "sweep_task_fuel_used";
+/// Histogram: seconds from a runner receiving the cancel of a running task to its instance
+/// stopped.
+pub const CANCEL_STOP: &str = "sweep_cancel_stop_seconds";
 /// Histogram: seconds from a task becoming due (`run_at`) to its start (queue lag).
 pub const QUEUE_LAG: &str = "sweep_queue_lag_seconds";
 /// Counter: reports fenced out because the lease was lost.
@@ -108,6 +111,7 @@ fn build_and_install() -> Result<PrometheusHandle, MetricsError> {
         .set_buckets_for_metric(Matcher::Full(TASK_DURATION.into()), SECONDS_BUCKETS)
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full(QUEUE_LAG.into()), LAG_BUCKETS))
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full(TASK_FUEL.into()), FUEL_BUCKETS))
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(CANCEL_STOP.into()), SECONDS_BUCKETS))
         .map_err(MetricsError::Build)?;
     let handle = builder.install_recorder().map_err(MetricsError::Build)?;
     let upkeep = handle.clone();
@@ -136,6 +140,11 @@ fn describe() {
     describe_gauge!(REPORTS_PENDING, Unit::Count, "Reports waiting for Postgres to answer.");
     describe_histogram!(TASK_DURATION, Unit::Seconds, "Wall-clock time of one task execution.");
     describe_histogram!(TASK_FUEL, Unit::Count, "Fuel one task execution used.");
+    describe_histogram!(
+        CANCEL_STOP,
+        Unit::Seconds,
+        "Time from a runner receiving a task's cancel to its instance stopped."
+    );
     describe_histogram!(QUEUE_LAG, Unit::Seconds, "Time from a task becoming due to its start.");
     describe_gauge!(TASKS, Unit::Count, "Tasks by tenant, task type and state (dead included).");
     describe_gauge!(OLDEST_DUE, Unit::Seconds, "Age of the oldest due task, by type.");

@@ -7,7 +7,9 @@
 //! back in batches while the lanes already claim the next batch.
 //! Heartbeats renew the leases of the tasks this runner executes or still holds a report for
 //! (`liveness`); maintenance runs the reaper, retention, runner pruning, the repair of
-//! queue hints and the cron scheduler (`scheduler`).
+//! queue hints and the cron scheduler (`scheduler`); `cancels` stops a running task whose
+//! cancel was requested (its guest future gets the signal, the sandbox drops the instance, the
+//! report ends the task `cancelled`).
 //!
 //! Spare slots: while every slot is busy, a lane woken by an enqueue claims in
 //! [`ClaimMode::Starved`] into the spare slots (instances beyond `concurrency`): one task each
@@ -27,6 +29,7 @@
 //! - a lease is renewed only while this runner holds it (from the claim until its report is
 //!   written or given up): a report that is never written lets its lease lapse.
 
+mod cancels;
 mod execute;
 mod guests;
 mod liveness;
@@ -41,10 +44,11 @@ use std::{
         atomic::{AtomicUsize, Ordering},
         Arc, Mutex, PoisonError,
     },
+    time::Instant,
 };
 
 use tokio::{
-    sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore},
+    sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore},
     task::AbortHandle,
 };
 use uuid::Uuid;
@@ -92,8 +96,18 @@ pub struct Worker {
     config: Arc<WorkerConfig>,
 }
 
-/// The tasks currently executing, so a shutdown can abort and hand back what is left.
-type InFlight = Arc<Mutex<HashMap<TaskId, (i32, AbortHandle)>>>;
+/// The tasks currently executing, so a shutdown can abort and hand back what is left, and a
+/// cancel can stop one.
+type InFlight = Arc<Mutex<HashMap<TaskId, Running>>>;
+
+/// One executing attempt.
+#[derive(Debug)]
+struct Running {
+    attempt: i32,
+    abort: AbortHandle,
+    /// Stops the guest (with when the request reached this runner); taken when sent.
+    cancel: Option<oneshot::Sender<Instant>>,
+}
 
 /// What a claim lane shares with the others.
 struct Lane {
@@ -200,12 +214,27 @@ impl Worker {
             Arc::clone(&reach),
             stop_rx.clone(),
         ));
+        let in_flight: InFlight = Arc::default();
+        let notified = wakeups.cancel_requests();
+        // With LISTEN the poll only backs up missed notifications; without, it is the way in.
+        let poll =
+            if notified.is_some() { self.config.lease / 3 } else { self.config.poll_interval };
+        let cancels = tokio::spawn(cancels::run(
+            cancels::Cancels {
+                store: self.store.clone(),
+                runner: self.id,
+                in_flight: Arc::clone(&in_flight),
+                leases: Arc::clone(&leases),
+                notified,
+                poll,
+            },
+            stop_rx.clone(),
+        ));
 
         let slots = Arc::new(Semaphore::new(self.config.concurrency));
         let spare = Arc::new(Semaphore::new(self.config.spare_slots));
         let fair_claims = Arc::new(AtomicUsize::new(0));
         let claim_done = Arc::new(tokio::sync::Notify::new());
-        let in_flight: InFlight = Arc::default();
         let wakeups = Arc::new(wakeups);
         let (claim_stop_tx, claim_stop_rx) = watch::channel(false);
         let lanes: Vec<_> = (0..self.config.claimers)
@@ -246,7 +275,7 @@ impl Worker {
             tracing::error!(error = %e, "reporter task failed");
         }
         let _ = stop_tx.send(true);
-        let _ = tokio::join!(heartbeat, upkeep);
+        let _ = tokio::join!(heartbeat, upkeep, cancels);
         if let Err(e) = queue::deregister_runner(&self.store, self.id).await {
             // Not fatal: the row stops heartbeating and is pruned.
             tracing::warn!(error = %e, "could not deregister the runner");
@@ -378,6 +407,7 @@ impl Worker {
         // it was added.
         let mut map = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
         let control = tokio::runtime::Handle::current();
+        let (cancel, cancelled) = oneshot::channel();
         let handle = self.guests.spawn(async move {
             let report = execute::execute(
                 &worker.store,
@@ -386,6 +416,7 @@ impl Worker {
                 &worker.modules,
                 &worker.config,
                 task,
+                cancelled,
             )
             .await;
             registry.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
@@ -396,7 +427,7 @@ impl Worker {
             }
             drop(permit);
         });
-        map.insert(id, (attempt, handle.abort_handle()));
+        map.insert(id, Running { attempt, abort: handle.abort_handle(), cancel: Some(cancel) });
     }
 
     /// Aborts whatever still runs after the grace period and hands it back to the queue.
@@ -404,9 +435,9 @@ impl Worker {
         let stuck: Vec<(TaskId, i32)> = {
             let mut map = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
             map.drain()
-                .map(|(id, (attempt, handle))| {
-                    handle.abort();
-                    (id, attempt)
+                .map(|(id, running)| {
+                    running.abort.abort();
+                    (id, running.attempt)
                 })
                 .collect()
         };

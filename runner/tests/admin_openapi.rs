@@ -402,6 +402,12 @@ async fn live_answers_validate_against_the_document(_: PgPoolOptions, db: PgConn
     assert_eq!(c.call("post", cancel, &path, t, None).await.0, 200);
     assert_eq!(c.call("post", cancel, &path, t, None).await.0, 409);
     assert_eq!(c.call("post", cancel, "/v1/tasks/999999/cancel", t, None).await.0, 404);
+    let bulk = "/v1/tasks/cancel";
+    let (s, counts) = c.json("post", bulk, bulk, t, &json!({"task_type": "nothing-here"})).await;
+    assert_eq!((s, counts), (200, json!({"cancelled": 0, "cancel_requested": 0})));
+    let bad_state = json!({"task_type": "wordcount", "state": "dead"});
+    assert_eq!(c.json("post", bulk, bulk, t, &bad_state).await.0, 400);
+    assert_eq!(c.json("post", bulk, bulk, None, &bad_state).await.0, 401);
 
     // The dead-letter table.
     let (s, page) = c.get("/v1/dead", "/v1/dead?limit=1", t).await;

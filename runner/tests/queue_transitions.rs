@@ -321,7 +321,10 @@ async fn requeue_refuses_when_its_dedup_key_is_taken(_: PgPoolOptions, db: PgCon
 }
 
 #[sqlx::test(migrations = false)]
-async fn cancel_applies_to_pending_and_retrying_only(_: PgPoolOptions, db: PgConnectOptions) {
+async fn cancel_applies_to_waiting_tasks_and_asks_running_ones(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
     let db = migrated(db).await;
     let pool = db.pool();
     let runner = new_runner();
@@ -331,10 +334,12 @@ async fn cancel_applies_to_pending_and_retrying_only(_: PgPoolOptions, db: PgCon
     assert!(show(&pool, ids[0]).await.finished_at.is_some());
 
     let running = claim(&pool, runner, 2).await;
-    assert!(matches!(
-        queue::cancel(&pool, None, running[0].id).await,
-        Err(QueueError::NotCancellable { state: TaskState::Running, .. })
-    ));
+    // A running task: the cancel is a request to its runner (worker_cancel.rs follows it).
+    assert_eq!(
+        queue::cancel(&pool, None, running[0].id).await.unwrap(),
+        queue::Cancel::Requested { attempt: running[0].attempt, runner }
+    );
+    assert_eq!(state(&pool, running[0].id).await, TaskState::Running);
     queue::fail_batch(&pool, runner, &[failure(&running[1], false, Duration::from_secs(60))])
         .await
         .unwrap();

@@ -26,7 +26,8 @@ use super::error::{recover, ApiError};
 use super::handlers::schedules::{self, CreateScheduleRequest};
 use super::handlers::{modules, ops, queues, tasks, tenants, Answer};
 use super::models::{
-    ActivateRequest, CapsRequest, EnqueueRequest, RateLimitRequest, WeightRequest,
+    ActivateRequest, CancelTasksRequest, CapsRequest, EnqueueRequest, RateLimitRequest,
+    WeightRequest,
 };
 use super::openapi;
 use super::params::PathText;
@@ -50,6 +51,7 @@ pub enum Route {
     EnqueueBatch,
     TaskShow,
     TaskCancel,
+    TasksCancel,
     DeadList,
     DeadRequeue,
     Stats,
@@ -73,7 +75,7 @@ pub enum Route {
 
 impl Route {
     /// Every route, in the order the server tries them.
-    pub const ALL: [Route; 31] = [
+    pub const ALL: [Route; 32] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
@@ -86,6 +88,7 @@ impl Route {
         Route::EnqueueBatch,
         Route::TaskShow,
         Route::TaskCancel,
+        Route::TasksCancel,
         Route::DeadList,
         Route::DeadRequeue,
         Route::Stats,
@@ -135,6 +138,7 @@ impl Route {
             Route::EnqueueBatch => of::<tasks::__path_enqueue_batch>(),
             Route::TaskShow => of::<tasks::__path_show>(),
             Route::TaskCancel => of::<tasks::__path_cancel>(),
+            Route::TasksCancel => of::<tasks::__path_cancel_many>(),
             Route::DeadList => of::<ops::__path_dead>(),
             Route::DeadRequeue => of::<ops::__path_requeue>(),
             Route::Stats => of::<ops::__path_stats>(),
@@ -279,6 +283,16 @@ impl Route {
                 .and(auth())
                 .and_then(|id, state, caller| async move {
                     respond(tasks::cancel(state, caller, id).await)
+                })
+                .boxed(),
+            Route::TasksCancel => warp::path!("v1" / "tasks" / "cancel")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and(body::json::<CancelTasksRequest>(json_limit))
+                .and_then(|state, caller, q, request| async move {
+                    respond(tasks::cancel_many(state, caller, q, request).await)
                 })
                 .boxed(),
             Route::DeadList => warp::path!("v1" / "dead")

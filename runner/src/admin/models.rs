@@ -85,6 +85,18 @@ pub(crate) fn has_nul(v: &Value) -> bool {
     }
 }
 
+/// `POST /v1/tasks/cancel` body: which of the tenant's live tasks to cancel.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelTasksRequest {
+    /// Every live task of this task type (of the caller's tenant, or `?tenant=` for the
+    /// operator).
+    pub task_type: String,
+    /// Only tasks in this state: `pending`, `retrying` or `running` (default: all three).
+    #[schema(nullable = false)]
+    pub state: Option<String>,
+}
+
 /// `POST /v1/modules/{task_type}/activate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -21,12 +21,13 @@ use super::filters::Route;
 use super::handlers::modules::WasmModule;
 use super::handlers::schedules::{CreateScheduleRequest, SchedulesResponse};
 use super::models::{
-    ActivateRequest, BatchResponse, CapsRequest, DeadPage, EnqueueRequest, ErrorResponse, Health,
-    ModulesResponse, RateLimitRequest, StatsResponse, TenantsResponse, TokenResponse,
-    UploadResponse, WeightRequest,
+    ActivateRequest, BatchResponse, CancelTasksRequest, CapsRequest, DeadPage, EnqueueRequest,
+    ErrorResponse, Health, ModulesResponse, RateLimitRequest, StatsResponse, TenantsResponse,
+    TokenResponse, UploadResponse, WeightRequest,
 };
 use crate::queue::{
-    CatchUp, CronSchedule, ModuleVersion, Overlap, QueueControl, TaskView, Tenant, TenantPause,
+    BulkCancel, CatchUp, CronSchedule, ModuleVersion, Overlap, QueueControl, TaskView, Tenant,
+    TenantPause,
 };
 
 /// Name of the security scheme every authenticated operation requires.
@@ -69,6 +70,8 @@ pub const BEARER: &str = "bearer";
             QueueControl,
             TenantPause,
             RateLimitRequest,
+            CancelTasksRequest,
+            BulkCancel,
         ),
         responses(
             BadRequest,
@@ -153,7 +156,7 @@ pub fn serve() -> Response {
 /// 400: malformed input (a body that does not parse or has unknown fields; a bad, zero,
 /// negative, repeated or unknown query parameter; a bad task type or tenant name). Codes:
 /// `invalid_json`, `invalid_parameter`, `unknown_parameter`, `invalid_task_type`,
-/// `invalid_tenant`, `invalid_query`, `invalid_header`, `invalid_body`,
+/// `invalid_tenant`, `invalid_query`, `invalid_header`, `invalid_body`, `invalid_state`,
 /// `invalid_schedule_name`.
 #[derive(ToResponse)]
 #[allow(dead_code)] // describes answers; never built
@@ -177,7 +180,8 @@ pub struct Forbidden(ErrorResponse);
 #[allow(dead_code)] // describes answers; never built
 pub struct NotFound(ErrorResponse);
 
-/// 409: the task's state does not allow this (`not_cancellable`), its dedup key is held by
+/// 409: the task's state does not allow this (`not_cancellable`: a cancel of a task that
+/// already finished or died; the message names the state it ended in), its dedup key is held by
 /// a live task (`dedup_key_taken`), a schedule of that name exists (`schedule_exists`), or
 /// another module of the tenant is being compiled
 /// (`compile_in_progress`: upload again once that upload has answered).

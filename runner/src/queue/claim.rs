@@ -166,6 +166,23 @@ pub async fn release_batch<'c, E: PgExecutor<'c>>(
     Ok(released.into_iter().map(|(id,)| id).collect())
 }
 
+/// Of the leases `runner` holds (`held`, task and attempt), those a cancel was requested for:
+/// the polling side of `sweep_cancel`, for a runner that cannot LISTEN or missed a
+/// notification. Primary-key lookups of the held ids only.
+pub async fn cancel_requests<'c, E: PgExecutor<'c>>(
+    executor: E,
+    runner: Uuid,
+    held: &[(TaskId, i32)],
+) -> Result<Vec<(TaskId, i32)>, QueueError> {
+    if held.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<TaskId> = held.iter().map(|&(id, _)| id).collect();
+    let rows: Vec<(TaskId, i32)> =
+        sqlx::query_as(CANCEL_REQUESTS).bind(runner).bind(&ids).fetch_all(executor).await?;
+    Ok(rows.into_iter().filter(|row| held.contains(row)).collect())
+}
+
 // The tenant's result limit is read with the claim (one index probe per claimed task; a tenant
 // without a row, such as `default`, has none).
 const CLAIM: &str = r#"
@@ -200,6 +217,15 @@ const HEARTBEAT: &str = concat!(
     select count(*) from extended
     "#
 );
+const CANCEL_REQUESTS: &str = concat!(
+    r#"
+    select id, attempts from sweep.tasks
+    where id = any($2::int8[]) and state = "#,
+    state!(running),
+    r#" and lease_owner = $1
+      and cancel_requested_at is not null
+    "#
+);
 const RELEASE: &str = concat!(
     r#"
         with released as (
@@ -216,6 +242,9 @@ const RELEASE: &str = concat!(
         from unnest($2::int8[], $3::int4[]) as r(id, attempt)
         where t.id = any($2::int8[]) and t.lease_owner = $1
           and t.id = r.id and t.attempts = r.attempt
+          -- A cancelled attempt never waits again: it stays running until its lease lapses
+          -- and the reaper ends it cancelled.
+          and t.cancel_requested_at is null
         returning t.id, t.tenant, t.task_type, t.run_at
         ),
         "#,
@@ -225,4 +254,5 @@ const RELEASE: &str = concat!(
         "#
 );
 #[cfg(test)]
-pub(super) const STATEMENTS: &[(&str, &str)] = statements![CLAIM, HEARTBEAT, RELEASE];
+pub(super) const STATEMENTS: &[(&str, &str)] =
+    statements![CLAIM, HEARTBEAT, CANCEL_REQUESTS, RELEASE];

@@ -3,6 +3,12 @@
 //! Invariant (the fence): a report applies only while the task is `running` under this
 //! runner's lease at the reported attempt. Anything else (the reaper took the task over, it
 //! was retried elsewhere) comes back in `lost` and the row is left untouched.
+//!
+//! Cancels: a report of an attempt a cancel was requested for (`cancel_requested_at`, see
+//! `dead.rs`) ends the task `cancelled` whatever the attempt did, in the same statement: the
+//! history gets an entry of kind `cancelled` (with `ended_as`, what the attempt did on its own,
+//! when that was not the stop), a success's result is discarded. A guest has no effect outside
+//! its result, so nothing of a cancelled attempt is left behind.
 
 use std::{collections::HashSet, time::Duration};
 
@@ -11,7 +17,15 @@ use serde_json::Value;
 use sqlx::{types::Json, PgExecutor};
 use uuid::Uuid;
 
-use super::{sql_millis, FailureKind, QueueError, TaskId};
+use super::{sql_millis, FailureKind, QueueError, TaskId, TaskState};
+
+/// The message of a cancelled attempt that succeeded before the stop reached it.
+macro_rules! cancelled_after_success {
+    () => {
+        "'cancelled while running: the attempt succeeded before it was stopped; its result was \
+         discarded'"
+    };
+}
 
 /// Longest error message kept per history entry.
 pub const MAX_ERROR_MESSAGE: usize = 4096;
@@ -47,12 +61,15 @@ pub struct Failure {
 pub struct FailureReport {
     pub retrying: Vec<TaskId>,
     pub dead: Vec<TaskId>,
+    /// A cancel was requested for these attempts: they ended `cancelled`.
+    pub cancelled: Vec<TaskId>,
     /// Fenced out: the lease was lost, nothing was written for these.
     pub lost: Vec<TaskId>,
 }
 
-/// Marks the tasks succeeded, moving them with their results to `finished_tasks`. Returns the
-/// ids whose lease was lost.
+/// Marks the tasks succeeded, moving them with their results to `finished_tasks` (those a
+/// cancel was requested for move there `cancelled`, their results discarded). Returns the ids
+/// whose lease was lost.
 pub async fn complete_batch<'c, E: PgExecutor<'c>>(
     executor: E,
     runner: Uuid,
@@ -89,7 +106,7 @@ pub async fn fail_batch<'c, E: PgExecutor<'c>>(
     // version, which the statement cannot see, and a TID scan for it finds nothing (the
     // report was lost). By id, the scan finds the visible version and follows it to the
     // locked one. History entries get their time from the database clock.
-    let rows: Vec<(TaskId, bool)> = sqlx::query_as(FAIL)
+    let rows: Vec<(TaskId, String)> = sqlx::query_as(FAIL)
         .bind(runner)
         .bind(&ids)
         .bind(Json(&reports))
@@ -97,14 +114,15 @@ pub async fn fail_batch<'c, E: PgExecutor<'c>>(
         .await?;
 
     let mut report = FailureReport::default();
-    for (id, dead) in rows {
-        if dead {
-            report.dead.push(id);
-        } else {
-            report.retrying.push(id);
+    for (id, state) in rows {
+        match state.parse::<TaskState>().map_err(QueueError::Corrupt)? {
+            TaskState::Dead => report.dead.push(id),
+            TaskState::Cancelled => report.cancelled.push(id),
+            _ => report.retrying.push(id),
         }
     }
-    report.lost = lost(&ids, report.retrying.iter().chain(&report.dead).copied());
+    let applied = report.retrying.iter().chain(&report.dead).chain(&report.cancelled);
+    report.lost = lost(&ids, applied.copied());
     Ok(report)
 }
 
@@ -242,10 +260,29 @@ const COMPLETE: &str = concat!(
     insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority, attempts,
                                 max_attempts, run_at, dedup_key, last_error, errors,
                                 result, module_sha256, logs, created_at, started_at)
-    select id, tenant, task_type, payload, "#,
+    select id, tenant, task_type, payload,
+           case when cancel_requested_at is null then "#,
     state!(succeeded),
-    r#", priority, attempts, max_attempts,
-           run_at, dedup_key, last_error, errors, report -> 'result',
+    r#" else "#,
+    state!(cancelled),
+    r#" end,
+           priority, attempts, max_attempts, run_at, dedup_key,
+           case when cancel_requested_at is null then last_error else "#,
+    cancelled_after_success!(),
+    r#" end,
+           case when cancel_requested_at is null then errors
+                else errors || jsonb_build_array(jsonb_build_object(
+                    'at', now(), 'attempt', attempts, 'kind', "#,
+    kind!(cancelled),
+    r#",
+                    'message', "#,
+    cancelled_after_success!(),
+    r#",
+                    'requested_at', cancel_requested_at, 'ended_as', "#,
+    state!(succeeded),
+    r#"))
+           end,
+           case when cancel_requested_at is null then report -> 'result' end,
            coalesce(report ->> 'sha', module_sha256), report ->> 'logs', created_at,
            started_at
     from done
@@ -256,6 +293,7 @@ const FAIL: &str = concat!(
     r#"
         with fenced as (
             select t.id,
+                   t.cancel_requested_at is not null as stops,
                    (($3::jsonb #>> array[t.id::text, 'permanent'])::bool
                     or t.attempts >= t.max_attempts) as dies
             from sweep.tasks t
@@ -278,12 +316,12 @@ const FAIL: &str = concat!(
                 lease_owner = null,
                 lease_expires_at = null,
                 updated_at = now()
-            where t.id = any(array(select id from fenced where not dies))
+            where t.id = any(array(select id from fenced where not dies and not stops))
             returning t.id, t.tenant, t.task_type, t.run_at
         ),
         killed as (
             delete from sweep.tasks t
-            where t.id = any(array(select id from fenced where dies))
+            where t.id = any(array(select id from fenced where dies and not stops))
             returning t.*, $3::jsonb -> t.id::text as report
         ),
         buried as (
@@ -299,12 +337,49 @@ const FAIL: &str = concat!(
             from killed
             returning id
         ),
+        -- A cancel was requested: the attempt ends the task cancelled, whatever it failed of
+        -- (kept as `ended_as` when it was not the stop itself).
+        stopped as (
+            delete from sweep.tasks t
+            where t.id = any(array(select id from fenced where stops))
+            returning t.*, $3::jsonb -> t.id::text as report
+        ),
+        ended as (
+            insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority,
+                                        attempts, max_attempts, run_at, dedup_key, last_error,
+                                        errors, module_sha256, created_at, started_at)
+            select id, tenant, task_type, payload, "#,
+    state!(cancelled),
+    r#", priority, attempts,
+                   max_attempts, run_at, dedup_key, report #>> '{entry,message}',
+                   errors || jsonb_build_array(
+                       jsonb_build_object('at', now()) || (report -> 'entry')
+                       || jsonb_build_object('kind', "#,
+    kind!(cancelled),
+    r#", 'requested_at', cancel_requested_at)
+                       || case when report #>> '{entry,kind}' = "#,
+    kind!(cancelled),
+    r#" then '{}'::jsonb
+                               else jsonb_build_object('ended_as', report #> '{entry,kind}')
+                          end),
+                   coalesce(report ->> 'sha', module_sha256), created_at, started_at
+            from stopped
+            returning id
+        ),
         "#,
     wake_queues_cte!("retried"),
     r#"
-        select id, false from retried cross join woken_queues
+        select id, "#,
+    state!(retrying),
+    r#" from retried cross join woken_queues
         union all
-        select id, true from buried
+        select id, "#,
+    state!(dead),
+    r#" from buried
+        union all
+        select id, "#,
+    state!(cancelled),
+    r#" from ended
         "#
 );
 #[cfg(test)]

@@ -1,30 +1,122 @@
-//! Operator actions and reads on single tasks: cancel, requeue from the dead-letter table,
-//! show one task, list dead tasks.
+//! Operator actions and reads on single tasks: cancel (one, or all of a task type), requeue
+//! from the dead-letter table, show one task, list dead tasks.
 //!
 //! Scoping: every function takes `tenant: Option<&str>`; `Some(t)` sees only tenant `t`'s rows
 //! (others answer "not found", as if absent), `None` is the operator and sees everything.
+//!
+//! Cancel and the race with completion: a waiting task is cancelled in the statement; a
+//! running one gets `cancel_requested_at` and its runner a NOTIFY (`sweep_cancel`, payload
+//! `<runner> <task> <attempt>`), in the same statement. The row lock decides the race: a report
+//! that committed first ended the attempt (the cancel then answers `NotCancellable` with the
+//! state it finished in), and every report that comes later reads the request and ends the
+//! task `cancelled`. So once [`Cancel::Requested`] is returned, the task ends `cancelled`.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgExecutor;
+use uuid::Uuid;
 
-use super::{error::is_unique_violation, QueueError, TaskId, TaskState};
+use super::{error::is_unique_violation, sql_count, Connects, QueueError, TaskId, TaskState};
 
-/// Cancels a pending or retrying task, moving it to `finished_tasks`. A running, finished or
-/// dead task is `NotCancellable`.
-pub async fn cancel<'c, E: PgExecutor<'c>>(
-    executor: E,
+/// How often a cancel looks again when the task changed state under it (claimed, reported)
+/// between its snapshot and its lock. Each look is a fresh statement, so a second one almost
+/// always settles it.
+const CANCEL_LOOKS: usize = 4;
+
+/// What a cancel of one task did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancel {
+    /// The task was pending or retrying: it is `cancelled` now, in `finished_tasks`.
+    Cancelled,
+    /// The task is running: the request is recorded for `attempt` and `runner` (the lease
+    /// owner) was notified. The attempt can only end `cancelled` from here.
+    Requested { attempt: i32, runner: Uuid },
+}
+
+/// Cancels a task. A pending or retrying task is cancelled at once; for a running one the
+/// request is recorded and its runner told to stop it (see the module doc: it then ends
+/// `cancelled`; asking again notifies again). A finished or dead task is `NotCancellable`
+/// with the state it ended in.
+pub async fn cancel<'c, A: Connects<'c>>(
+    conn: A,
     tenant: Option<&str>,
     id: TaskId,
-) -> Result<(), QueueError> {
-    // The second column reads the row as it was before this statement's update.
-    let (cancelled, before): (Option<TaskId>, Option<String>) =
-        sqlx::query_as(CANCEL).bind(id).bind(tenant).fetch_one(executor).await?;
-    match (cancelled, before) {
-        (Some(_), _) => Ok(()),
-        (None, None) => Err(QueueError::TaskNotFound(id)),
-        (None, Some(state)) => Err(QueueError::NotCancellable { id, state: parse_state(&state)? }),
+) -> Result<Cancel, QueueError> {
+    let mut conn = conn.connect().await?;
+    let mut seen = None;
+    for _ in 0..CANCEL_LOOKS {
+        // The last column reads the row as this statement's snapshot saw it.
+        let (cancelled, attempt, runner, before): (
+            Option<TaskId>,
+            Option<i32>,
+            Option<Uuid>,
+            Option<String>,
+        ) = sqlx::query_as(CANCEL).bind(id).bind(tenant).fetch_one(&mut conn).await?;
+        match (cancelled, attempt.zip(runner), before) {
+            (Some(_), _, _) => return Ok(Cancel::Cancelled),
+            (None, Some((attempt, runner)), _) => return Ok(Cancel::Requested { attempt, runner }),
+            (None, None, None) => return Err(QueueError::TaskNotFound(id)),
+            (None, None, Some(state)) => {
+                let state = parse_state(&state)?;
+                if !state.is_live() {
+                    return Err(QueueError::NotCancellable { id, state });
+                }
+                // Live in the snapshot, but it moved before the lock was had (a claim made it
+                // running, a report ended it): look again with a fresh snapshot.
+                seen = Some(state);
+            }
+        }
+    }
+    Err(QueueError::NotCancellable { id, state: seen.unwrap_or(TaskState::Running) })
+}
+
+/// What a bulk cancel did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct BulkCancel {
+    /// Pending or retrying tasks now `cancelled`.
+    pub cancelled: u64,
+    /// Running tasks whose cancel was requested now (their runners were notified; each ends
+    /// `cancelled`). Tasks already asked to stop are not counted again.
+    pub cancel_requested: u64,
+}
+
+/// Rows a bulk cancel moves per statement.
+const BULK_BATCH: usize = 5000;
+
+/// Cancels every live task of `tenant`'s `task_type`, or only those in `only` (`pending`,
+/// `retrying` or `running`; any other state matches nothing), as [`cancel`] does one: waiting
+/// ones at once, running ones by request. Works in statements of a bounded batch until one
+/// finds nothing left; a task enqueued meanwhile may or may not be caught.
+pub async fn cancel_matching<'c, A: Connects<'c>>(
+    conn: A,
+    tenant: &str,
+    task_type: &str,
+    only: Option<TaskState>,
+) -> Result<BulkCancel, QueueError> {
+    let waiting_state = only.filter(|s| matches!(s, TaskState::Pending | TaskState::Retrying));
+    let waiting = only.is_none() || waiting_state.is_some();
+    let running = only.is_none() || only == Some(TaskState::Running);
+    let mut done = BulkCancel::default();
+    if !(waiting || running) {
+        return Ok(done);
+    }
+    let mut conn = conn.connect().await?;
+    loop {
+        let (cancelled, requested): (i64, i64) = sqlx::query_as(BULK_CANCEL)
+            .bind(tenant)
+            .bind(task_type)
+            .bind(waiting_state.map(TaskState::as_str))
+            .bind(waiting)
+            .bind(running)
+            .bind(sql_count(BULK_BATCH))
+            .fetch_one(&mut conn)
+            .await?;
+        done.cancelled += u64::try_from(cancelled).unwrap_or(0);
+        done.cancel_requested += u64::try_from(requested).unwrap_or(0);
+        if cancelled == 0 && requested == 0 {
+            return Ok(done);
+        }
     }
 }
 
@@ -55,7 +147,8 @@ pub struct AttemptError {
     /// The attempt that failed, 1-based.
     pub attempt: i32,
     /// `handler_error`, `out_of_fuel`, `timeout`, `memory_limit`, `stack_overflow`, `trap`,
-    /// `output_too_large`, `invalid_output`, `module_missing`, `lease_expired`, `runner_error`.
+    /// `output_too_large`, `invalid_output`, `module_missing`, `lease_expired`, `runner_error`,
+    /// `cancelled`.
     pub kind: String,
     pub message: String,
     #[schema(nullable = false)]
@@ -70,9 +163,21 @@ pub struct AttemptError {
     /// The handler's exit code (`handler_error`).
     #[schema(nullable = false)]
     pub exit_code: Option<i32>,
-    /// The runner whose lease expired (`lease_expired`).
+    /// The runner whose lease expired (`lease_expired`, and `cancelled` when the cancel took
+    /// effect as the lease was reaped).
     #[schema(nullable = false)]
     pub runner: Option<String>,
+    /// When the cancel that ended this attempt was requested (`cancelled`).
+    #[schema(nullable = false)]
+    pub requested_at: Option<DateTime<Utc>>,
+    /// How the attempt ended on its own when that came first and the cancel then applied
+    /// (`cancelled`): `succeeded` (its result was discarded) or a failure kind.
+    #[schema(nullable = false)]
+    pub ended_as: Option<String>,
+    /// From the runner receiving the cancel to the instance stopped, in milliseconds
+    /// (`cancelled`, when the runner stopped it).
+    #[schema(nullable = false)]
+    pub stop_ms: Option<f64>,
 }
 
 /// One task as an operator sees it: live, finished or dead.
@@ -113,6 +218,10 @@ pub struct TaskView {
     pub logs: Option<String>,
     #[schema(required)]
     pub finished_at: Option<DateTime<Utc>>,
+    /// Set while a cancel of the running attempt is under way: the task will end
+    /// `cancelled` (the attempt's history entry then holds it as `requested_at`).
+    #[schema(required)]
+    pub cancel_requested_at: Option<DateTime<Utc>>,
 }
 
 pub async fn get_task<'c, E: PgExecutor<'c>>(
@@ -191,8 +300,25 @@ const CANCEL: &str = concat!(
                created_at, started_at
         from cancelled
         returning id
+    ),
+    -- A running row: record the request (the first one's time is kept) under the row lock,
+    -- which orders it against the reports of the attempt (see the module doc).
+    requested as (
+        update sweep.tasks t
+        set cancel_requested_at = coalesce(t.cancel_requested_at, now()), updated_at = now()
+        where t.id = $1 and ($2::text is null or t.tenant = $2) and t.state = "#,
+    state!(running),
+    r#"
+        returning t.id, t.attempts, t.lease_owner
+    ),
+    notified as (
+        select r.attempts, r.lease_owner from requested r cross join lateral "#,
+    notify_cancel!("r"),
+    r#"
     )
     select (select id from moved),
+           (select attempts from notified),
+           (select lease_owner from notified),
            coalesce((select state from sweep.tasks
                      where id = $1 and ($2::text is null or tenant = $2)),
                     (select state from sweep.finished_tasks
@@ -201,6 +327,58 @@ const CANCEL: &str = concat!(
     state!(dead),
     r#" from sweep.dead_tasks
                      where id = $1 and ($2::text is null or tenant = $2)))
+    "#
+);
+/// One batch of a bulk cancel: waiting rows of the queue (`$3` one waiting state or all, `$4`
+/// whether to take them) move to `finished_tasks`; running ones not asked yet (`$5`) get the
+/// request and their runner a notification. Both lock in id order, as reports do.
+const BULK_CANCEL: &str = concat!(
+    r#"
+    with doomed as (
+        select id from sweep.tasks
+        where tenant = $1 and task_type = $2 and state in "#,
+    state!(waiting),
+    r#"
+          and ($3::text is null or state = $3) and $4
+        order by id
+        limit $6
+        for update
+    ),
+    cancelled as (
+        delete from sweep.tasks t where t.id = any(array(select id from doomed))
+        returning t.*
+    ),
+    moved as (
+        insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority,
+                                    attempts, max_attempts, run_at, dedup_key, last_error,
+                                    errors, module_sha256, created_at, started_at)
+        select id, tenant, task_type, payload, "#,
+    state!(cancelled),
+    r#", priority, attempts,
+               max_attempts, run_at, dedup_key, last_error, errors, module_sha256,
+               created_at, started_at
+        from cancelled
+        returning id
+    ),
+    asked as (
+        select id from sweep.tasks
+        where state = "#,
+    state!(running),
+    r#" and tenant = $1 and task_type = $2
+          and cancel_requested_at is null and $5
+        order by id
+        limit $6
+        for update
+    ),
+    requested as (
+        update sweep.tasks t set cancel_requested_at = now(), updated_at = now()
+        where t.id = any(array(select id from asked))
+        returning t.id, t.attempts, t.lease_owner
+    )
+    select (select count(*) from moved),
+           (select count(*) from requested r cross join lateral "#,
+    notify_cancel!("r"),
+    r#")
     "#
 );
 const REQUEUE: &str = concat!(
@@ -231,19 +409,20 @@ const GET_TASK: &str = concat!(
     r#"
     select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
            dedup_key, last_error, errors, null as result, module_sha256, created_at,
-           started_at, null as logs, null as finished_at
+           started_at, null as logs, null as finished_at, cancel_requested_at
     from sweep.tasks where id = $1 and ($2::text is null or tenant = $2)
     union all
     select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
            dedup_key, last_error, errors, result, module_sha256, created_at, started_at,
-           logs, finished_at
+           logs, finished_at, null as cancel_requested_at
     from sweep.finished_tasks where id = $1 and ($2::text is null or tenant = $2)
     union all
     select id, tenant, task_type, "#,
     state!(dead),
     r#" as state, payload, priority, attempts,
            max_attempts, null as run_at, dedup_key, last_error, errors, null as result,
-           module_sha256, created_at, started_at, null as logs, died_at as finished_at
+           module_sha256, created_at, started_at, null as logs, died_at as finished_at,
+           null as cancel_requested_at
     from sweep.dead_tasks where id = $1 and ($2::text is null or tenant = $2)
     "#
 );
@@ -259,4 +438,5 @@ const LIST_DEAD: &str = r#"
     "#;
 
 #[cfg(test)]
-pub(super) const STATEMENTS: &[(&str, &str)] = statements![CANCEL, REQUEUE, GET_TASK, LIST_DEAD];
+pub(super) const STATEMENTS: &[(&str, &str)] =
+    statements![CANCEL, BULK_CANCEL, REQUEUE, GET_TASK, LIST_DEAD];

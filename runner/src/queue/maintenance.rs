@@ -25,12 +25,15 @@ pub struct RescuedTask {
     pub previous_owner: Uuid,
     /// The backoff settings of its type's active module (only the backoff fields are read).
     pub backoff: ModuleSettings,
+    /// A cancel was requested for the attempt: it ends `cancelled`, not retried.
+    pub cancel_requested: bool,
 }
 
 /// Rescues up to `limit` tasks whose lease expired: each becomes a failed attempt of kind
 /// [`FailureKind::LeaseExpired`], retrying after its task type's backoff (its active module's
 /// settings over `default_policy`, exactly as the worker retries a failed attempt) or dead when
-/// out of attempts.
+/// out of attempts. A task a cancel was requested for (its runner died before it could stop
+/// it) ends `cancelled` instead, its attempt recorded with kind [`FailureKind::Cancelled`].
 ///
 /// Two steps, each fenced: the reaper first takes the expired lease over (so two reapers
 /// never rescue the same task, and a crash between the steps only leaves a lease that expires
@@ -68,12 +71,24 @@ fn rescued_failures(rescued: &[RescuedTask], default_policy: RetryPolicy) -> Vec
         .map(|t| Failure {
             id: t.id,
             attempt: t.attempt,
-            kind: FailureKind::LeaseExpired,
-            message: format!(
-                "lease expired: runner {} stopped heartbeating during attempt {}",
-                t.previous_owner, t.attempt
-            ),
-            permanent: false,
+            kind: if t.cancel_requested {
+                FailureKind::Cancelled
+            } else {
+                FailureKind::LeaseExpired
+            },
+            message: if t.cancel_requested {
+                format!(
+                    "cancelled when the lease was reaped: runner {} stopped heartbeating during \
+                     attempt {} before it could stop it",
+                    t.previous_owner, t.attempt
+                )
+            } else {
+                format!(
+                    "lease expired: runner {} stopped heartbeating during attempt {}",
+                    t.previous_owner, t.attempt
+                )
+            },
+            permanent: t.cancel_requested,
             retry_delay: default_policy
                 .for_module(Some(&t.backoff))
                 .delay(u32::try_from(t.attempt).unwrap_or(0), &mut rng),
@@ -89,22 +104,23 @@ async fn take_over_expired<'c, E: PgExecutor<'c>>(
     limit: usize,
     settle: Duration,
 ) -> Result<Vec<RescuedTask>, QueueError> {
-    let rows: Vec<(TaskId, String, i32, Uuid, Option<i64>, Option<i64>)> =
-        sqlx::query_as(TAKE_OVER_EXPIRED)
-            .bind(reaper)
-            .bind(sql_count(limit))
-            .bind(sql_millis(settle))
-            .fetch_all(executor)
-            .await?;
+    type Row = (TaskId, String, i32, Uuid, Option<i64>, Option<i64>, bool);
+    let rows: Vec<Row> = sqlx::query_as(TAKE_OVER_EXPIRED)
+        .bind(reaper)
+        .bind(sql_count(limit))
+        .bind(sql_millis(settle))
+        .fetch_all(executor)
+        .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, task_type, attempt, previous_owner, backoff_base_ms, backoff_cap_ms)| {
+        .map(|(id, task_type, attempt, previous_owner, backoff_base_ms, backoff_cap_ms, cancel)| {
             RescuedTask {
                 id,
                 task_type,
                 attempt,
                 previous_owner,
                 backoff: ModuleSettings { backoff_base_ms, backoff_cap_ms, ..Default::default() },
+                cancel_requested: cancel,
             }
         })
         .collect())
@@ -206,7 +222,8 @@ const TAKE_OVER_EXPIRED: &str = concat!(
                where a.tenant = t.tenant and a.task_type = t.task_type),
               (select m.backoff_cap_ms from sweep.active_modules a
                join sweep.modules m using (tenant, task_type, version)
-               where a.tenant = t.tenant and a.task_type = t.task_type)
+               where a.tenant = t.tenant and a.task_type = t.task_type),
+              t.cancel_requested_at is not null
     "#
 );
 // One statement, so it holds on a transaction pooler: the DDL, its locks and the advisory

@@ -45,6 +45,32 @@ macro_rules! notify_tasks {
     };
 }
 
+/// The channel that tells a runner to stop a task it holds, as a string literal.
+macro_rules! cancel_channel {
+    () => {
+        "sweep_cancel"
+    };
+}
+
+/// The SQL call that tells the runner holding row `$r` (a CTE or alias with `id`, `attempts`
+/// and `lease_owner`) to stop it: payload `<runner> <task id> <attempt>` (see
+/// [`notify::CancelRequest`]).
+macro_rules! notify_cancel {
+    ($r:literal) => {
+        concat!(
+            "pg_notify('",
+            cancel_channel!(),
+            "', ",
+            $r,
+            ".lease_owner::text || ' ' || ",
+            $r,
+            ".id::text || ' ' || ",
+            $r,
+            ".attempts::text)"
+        )
+    };
+}
+
 /// A CTE, `woken_queues`, that makes every queue of the rows in CTE `$rows` (which returns
 /// `tenant, task_type, run_at`) findable by claims: see `sweep_wake_queues` in
 /// migrations/0009_fair_share.sql. Every statement that makes tasks wait includes it and
@@ -92,10 +118,13 @@ mod tokens;
 mod types;
 mod views;
 
-pub use claim::{claim, claim_batch, heartbeat_leases, release_batch, ClaimMode};
+pub use claim::{cancel_requests, claim, claim_batch, heartbeat_leases, release_batch, ClaimMode};
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
 pub use copy::COPY_MIN_BATCH;
-pub use dead::{cancel, get_task, list_dead, requeue, AttemptError, DeadTask, TaskView};
+pub use dead::{
+    cancel, cancel_matching, get_task, list_dead, requeue, AttemptError, BulkCancel, Cancel,
+    DeadTask, TaskView,
+};
 pub use enqueue::{
     enqueue, enqueue_many, enqueue_many_using, enqueue_many_within, enqueue_within, EnqueueMethod,
     Enqueued,
@@ -114,7 +143,7 @@ pub use modules::{
     activate_version, list_versions, module_bytes, register_module, ModuleSettings, ModuleVersion,
     Registered,
 };
-pub use notify::{Wakeups, NOTIFY_CHANNEL};
+pub use notify::{CancelRequest, Wakeups, CANCEL_CHANNEL, NOTIFY_CHANNEL};
 pub use pooler::{Conn, Connects};
 pub use retry::{RetryPolicy, RetryPolicyError};
 pub use runners::{deregister_runner, list_runners, register_runner, RunnerInfo};

@@ -6,21 +6,57 @@
 //! a runner listens on a direct connection ([`Wakeups::listen_with`], the store's listen URL)
 //! or, without one, only polls ([`Wakeups::polling`]).
 //!
+//! The same connection LISTENs on [`CANCEL_CHANNEL`]: a cancel of a running task notifies it
+//! with `<runner> <task id> <attempt>` (see `dead.rs`); those meant for this runner come out
+//! of [`Wakeups::cancel_requests`]. Without LISTEN the runner polls for them instead
+//! (`queue::cancel_requests`, see `worker::cancels`).
+//!
 //! Invariant: a notification that arrives while nobody waits is kept as one stored permit,
 //! so the next wait returns at once: wake-ups are never lost, only merged.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use sqlx::{
     postgres::{PgConnectOptions, PgListener, PgPoolOptions},
     PgPool,
 };
-use tokio::{sync::Notify, task::JoinHandle};
+use tokio::{
+    sync::{mpsc, Notify},
+    task::JoinHandle,
+};
+use uuid::Uuid;
 
-use super::{QueueError, Store};
+use super::{QueueError, Store, TaskId};
 
 /// The channel enqueues notify and runners listen on (see [`notify_tasks!`]).
 pub const NOTIFY_CHANNEL: &str = notify_channel!();
+
+/// The channel a cancel of a running task notifies (see [`notify_cancel!`]).
+pub const CANCEL_CHANNEL: &str = cancel_channel!();
+
+/// A cancel of a running task, as notified to the runner holding it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CancelRequest {
+    pub runner: Uuid,
+    pub task: TaskId,
+    pub attempt: i32,
+}
+
+impl CancelRequest {
+    /// Reads a `sweep_cancel` payload, `<runner> <task id> <attempt>`.
+    pub fn parse(payload: &str) -> Option<Self> {
+        let mut parts = payload.split(' ');
+        let request = CancelRequest {
+            runner: parts.next()?.parse().ok()?,
+            task: parts.next()?.parse().ok()?,
+            attempt: parts.next()?.parse().ok()?,
+        };
+        parts.next().is_none().then_some(request)
+    }
+}
 
 /// A LISTEN connection feeding a [`Notify`] (or none: see [`Wakeups::polling`]). Dropping it
 /// stops the listener task.
@@ -28,6 +64,8 @@ pub const NOTIFY_CHANNEL: &str = notify_channel!();
 pub struct Wakeups {
     notify: Arc<Notify>,
     listener: Option<JoinHandle<()>>,
+    /// Cancel notifications, until a runner takes the receiver.
+    cancels: Mutex<Option<mpsc::UnboundedReceiver<CancelRequest>>>,
 }
 
 impl Wakeups {
@@ -63,12 +101,23 @@ impl Wakeups {
     }
 
     async fn start(mut listener: PgListener) -> Result<Self, QueueError> {
-        listener.listen(NOTIFY_CHANNEL).await?;
+        listener.listen_all([NOTIFY_CHANNEL, CANCEL_CHANNEL]).await?;
         let notify = Arc::new(Notify::new());
         let forward = Arc::clone(&notify);
+        let (cancel_tx, cancel_rx) = mpsc::unbounded_channel();
         let listener = tokio::spawn(async move {
             loop {
                 match listener.recv().await {
+                    Ok(n) if n.channel() == CANCEL_CHANNEL => {
+                        match CancelRequest::parse(n.payload()) {
+                            // Nobody takes them (not a runner): dropped.
+                            Some(request) => drop(cancel_tx.send(request)),
+                            None => tracing::warn!(
+                                payload = n.payload(),
+                                "ignoring a malformed cancel notification"
+                            ),
+                        }
+                    }
                     Ok(_) => forward.notify_one(),
                     Err(e) => {
                         // PgListener reconnects by itself on the next recv; wake the waiter so
@@ -80,13 +129,19 @@ impl Wakeups {
                 }
             }
         });
-        Ok(Wakeups { notify, listener: Some(listener) })
+        Ok(Wakeups { notify, listener: Some(listener), cancels: Mutex::new(Some(cancel_rx)) })
     }
 
     /// No LISTEN: every [`Wakeups::wait`] lasts its poll interval unless [`Wakeups::wake`]
     /// cuts it short.
     pub fn polling() -> Self {
-        Wakeups { notify: Arc::new(Notify::new()), listener: None }
+        Wakeups { notify: Arc::new(Notify::new()), listener: None, cancels: Mutex::new(None) }
+    }
+
+    /// The cancel notifications of every runner (filter by [`CancelRequest::runner`]), once:
+    /// `None` when polling, or when already taken.
+    pub fn cancel_requests(&self) -> Option<mpsc::UnboundedReceiver<CancelRequest>> {
+        self.cancels.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 
     /// Whether a LISTEN connection feeds these wake-ups.
@@ -111,5 +166,23 @@ impl Drop for Wakeups {
         if let Some(listener) = &self.listener {
             listener.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cancel_payloads_parse_strictly() {
+        let runner = Uuid::new_v4();
+        assert_eq!(
+            CancelRequest::parse(&format!("{runner} 42 3")),
+            Some(CancelRequest { runner, task: 42, attempt: 3 })
+        );
+        assert_eq!(CancelRequest::parse(&format!("{runner} 42")), None);
+        assert_eq!(CancelRequest::parse(&format!("{runner} 42 3 4")), None);
+        assert_eq!(CancelRequest::parse("nope 42 3"), None);
+        assert_eq!(CancelRequest::parse(""), None);
     }
 }

@@ -40,6 +40,14 @@ macro_rules! state {
     };
 }
 
+/// A failure kind as a quoted SQL literal, for the statements that write a history entry
+/// themselves rather than from a report: `concat!("... 'kind', ", kind!(cancelled))`.
+macro_rules! kind {
+    (cancelled) => {
+        "'cancelled'"
+    };
+}
+
 /// Where a task is in its life. `pending`, `running` and `retrying` rows live in `tasks`;
 /// `succeeded` and `cancelled` ones in `finished_tasks`; `dead` ones in `dead_tasks`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -52,7 +60,9 @@ pub enum TaskState {
     /// Leased by one runner, which is executing it. In: a claim. Out, fenced by lease owner
     /// and attempt: the runner's report (`succeeded`, `retrying`, `dead`), the reaper once the
     /// lease expired (`retrying` or `dead`, kind `lease_expired`), or a release (`pending` or
-    /// `retrying`, the attempt not counted).
+    /// `retrying`, the attempt not counted). Once a cancel was requested for it
+    /// (`cancel_requested_at`), every one of those ends it `cancelled` instead (a release
+    /// leaves it to its lease).
     Running,
     /// A failed attempt waits out its backoff. In: a failed attempt with attempts left (the
     /// runner's report or the reaper). Out: a claim once `run_at` is due, or a cancel.
@@ -60,8 +70,9 @@ pub enum TaskState {
     /// Done; the result is kept until retention deletes the row. In: the runner's report of a
     /// successful attempt. Out: none.
     Succeeded,
-    /// Stopped before it could run again. In: a cancel of a pending or retrying task.
-    /// Out: none.
+    /// Stopped by a cancel. In: a cancel of a pending or retrying task; the end of a running
+    /// attempt a cancel was requested for (the runner stopped it, or it finished first and its
+    /// result was discarded, or its lease was reaped). Out: none.
     Cancelled,
     /// Out of attempts or failed permanently; kept with its whole error history. In: a failed
     /// last attempt or a permanent failure. Out: a requeue (`pending`).
@@ -147,10 +158,14 @@ pub enum FailureKind {
     LeaseExpired,
     /// The runner could not run the task; not the guest's fault. Set by the worker.
     RunnerError,
+    /// A cancel stopped the attempt: the runner interrupted the instance, or the attempt ended
+    /// (or its lease was reaped) after the cancel was requested. Always the last entry of a
+    /// task that ended `cancelled` while running. Set by the sandbox, the queue and the reaper.
+    Cancelled,
 }
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 11] = [
+    pub const ALL: [FailureKind; 12] = [
         FailureKind::HandlerError,
         FailureKind::OutOfFuel,
         FailureKind::Timeout,
@@ -162,6 +177,7 @@ impl FailureKind {
         FailureKind::ModuleMissing,
         FailureKind::LeaseExpired,
         FailureKind::RunnerError,
+        FailureKind::Cancelled,
     ];
 
     /// The name stored in the error history and shown by the API and metrics.
@@ -178,6 +194,7 @@ impl FailureKind {
             FailureKind::ModuleMissing => "module_missing",
             FailureKind::LeaseExpired => "lease_expired",
             FailureKind::RunnerError => "runner_error",
+            FailureKind::Cancelled => "cancelled",
         }
     }
 }
@@ -222,6 +239,7 @@ mod tests {
             state!(waiting),
             format!("('{}', '{}')", TaskState::Pending, TaskState::Retrying)
         );
+        assert_eq!(kind!(cancelled), format!("'{}'", FailureKind::Cancelled));
     }
 
     #[test]

@@ -77,6 +77,9 @@ pub enum Outcome {
     /// The instance pool had no free slot for as long as the sandbox waits for one. Nothing of
     /// the guest ran: the worker hands the task back to the queue without counting an attempt.
     NoCapacity(String),
+    /// A cancel of the task stopped the run (see `Sandbox::run_cancellable`). Permanent: the
+    /// queue ends the task `cancelled`.
+    Cancelled,
 }
 
 impl Outcome {
@@ -94,6 +97,7 @@ impl Outcome {
             Outcome::InvalidOutput(_) => FailureKind::InvalidOutput,
             Outcome::ModuleMissing => FailureKind::ModuleMissing,
             Outcome::RunnerError(_) | Outcome::NoCapacity(_) => FailureKind::RunnerError,
+            Outcome::Cancelled => FailureKind::Cancelled,
         })
     }
 
@@ -114,10 +118,15 @@ impl Outcome {
     /// True when the failure must not be retried: the handler exited with
     /// [`PERMANENT_EXIT_CODE`], or its result passed the output limit (the limit is the
     /// tenant's or the runner's, fixed for the task, and a guest has no input but its payload:
-    /// another attempt would write as much again). Every other failure is retryable (the
-    /// worker decides what to do with `ModuleMissing`).
+    /// another attempt would write as much again), or a cancel stopped it. Every other failure
+    /// is retryable (the worker decides what to do with `ModuleMissing`).
     pub fn is_permanent(&self) -> bool {
-        matches!(self, Outcome::HandlerError { permanent: true, .. } | Outcome::OutputTooLarge)
+        matches!(
+            self,
+            Outcome::HandlerError { permanent: true, .. }
+                | Outcome::OutputTooLarge
+                | Outcome::Cancelled
+        )
     }
 
     /// One-line description for the error history (`None` on success).
@@ -134,6 +143,7 @@ impl Outcome {
             Outcome::InvalidOutput(msg) => msg.clone(),
             Outcome::ModuleMissing => "no module registered for this task type".to_owned(),
             Outcome::RunnerError(msg) | Outcome::NoCapacity(msg) => msg.clone(),
+            Outcome::Cancelled => "cancelled while running: the instance was stopped".to_owned(),
         };
         Some(text)
     }
@@ -181,6 +191,8 @@ pub(crate) enum Ending {
     CallFailed(wasmtime::Error),
     /// The tokio timeout fired while the guest was suspended in a host call.
     Elapsed,
+    /// A cancel stopped the run (the instance was dropped wherever the guest was).
+    Cancelled,
 }
 
 /// Facts collected after a run, input of [`classify`].
@@ -196,6 +208,10 @@ pub(crate) struct RunFacts<'a> {
 
 /// Turns the facts of a run into an [`Outcome`]. Pure; see the module invariants.
 pub(crate) fn classify(facts: RunFacts<'_>) -> Outcome {
+    // We stopped it ourselves: nothing it did after that counts.
+    if matches!(facts.ending, Ending::Cancelled) {
+        return Outcome::Cancelled;
+    }
     if facts.stdout_overflowed {
         return Outcome::OutputTooLarge;
     }
@@ -205,6 +221,7 @@ pub(crate) fn classify(facts: RunFacts<'_>) -> Outcome {
     let (error, instantiating) = match facts.ending {
         Ending::Returned => return exited(0, facts.stdout, facts.stderr_tail),
         Ending::Elapsed => return Outcome::Timeout,
+        Ending::Cancelled => return Outcome::Cancelled,
         Ending::InstantiateFailed(e) => (e, true),
         Ending::CallFailed(e) => (e, false),
     };
@@ -358,6 +375,15 @@ mod tests {
     }
 
     #[test]
+    fn a_cancel_wins_over_what_the_guest_did() {
+        let f =
+            RunFacts { stdout_overflowed: true, deadline_hit: true, ..facts(Ending::Cancelled) };
+        assert_eq!(classify(f), Outcome::Cancelled);
+        assert_eq!(Outcome::Cancelled.failure_kind(), Some(FailureKind::Cancelled));
+        assert!(Outcome::Cancelled.is_permanent());
+    }
+
+    #[test]
     fn unknown_errors_split_by_phase() {
         let msg = || wasmtime::Error::msg("something odd");
         let out = classify(facts(Ending::CallFailed(msg())));
@@ -377,12 +403,14 @@ mod tests {
             (Outcome::OutputTooLarge, Some(FailureKind::OutputTooLarge)),
             (Outcome::InvalidOutput(String::new()), Some(FailureKind::InvalidOutput)),
             (Outcome::ModuleMissing, Some(FailureKind::ModuleMissing)),
+            (Outcome::Cancelled, Some(FailureKind::Cancelled)),
         ];
         for (outcome, kind) in all {
             assert_eq!(outcome.failure_kind(), kind);
             assert_eq!(outcome.is_success(), kind.is_none());
             assert_eq!(outcome.message().is_none(), kind.is_none());
-            let permanent = kind == Some(FailureKind::OutputTooLarge);
+            let permanent =
+                matches!(kind, Some(FailureKind::OutputTooLarge | FailureKind::Cancelled));
             assert_eq!(outcome.is_permanent(), permanent, "{kind:?}");
         }
     }

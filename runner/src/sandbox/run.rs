@@ -7,8 +7,12 @@
 //! - two independent stops enforce `limits.timeout`: the epoch callback (for a guest spinning
 //!   in wasm code; it also yields to tokio every tick) and `tokio::time::timeout` around the
 //!   whole instantiate+call future (for a guest parked in a host call such as a WASI sleep);
+//! - a cancel ([`Sandbox::run_cancellable`]) stops the run by dropping that same future, which
+//!   drops the instance: a guest parked in a host call is stopped at once, a spinning one at
+//!   its next epoch yield (one tick, 10 ms by default), whatever it does;
 //! - `run` never fails: every way a run can end is an [`Outcome`].
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use wasmtime::Store;
@@ -46,6 +50,21 @@ impl Sandbox {
         input: &TaskInput,
         limits: &Limits,
     ) -> Execution {
+        self.run_cancellable(module, input, limits, std::future::pending()).await
+    }
+
+    /// [`Sandbox::run`], stopped with [`Outcome::Cancelled`] as soon as `cancel` resolves
+    /// (before the guest started, too): the instance is dropped wherever the guest is, within
+    /// one epoch tick for a guest spinning in wasm code and at once for one parked in a host
+    /// call (a WASI sleep, a read).
+    pub async fn run_cancellable(
+        &self,
+        module: &CompiledModule,
+        input: &TaskInput,
+        limits: &Limits,
+        cancel: impl Future<Output = ()>,
+    ) -> Execution {
+        tokio::pin!(cancel);
         let started = Instant::now();
         let limits = &limits.capped_by(&self.config().maxima);
         let stdout = BoundedOutput::new(limits.output_bytes, Overflow::Stop);
@@ -55,20 +74,29 @@ impl Sandbox {
         let (ending, fuel_left, deadline_hit, memory_denied) = loop {
             match new_store(self.engine(), input, limits, started, &stdout, &stderr) {
                 Ok(mut store) => {
-                    let ending =
-                        match tokio::time::timeout(limits.timeout, call_start(module, &mut store))
-                            .await
-                        {
-                            Ok(ending) => ending,
-                            Err(_elapsed) => Ending::Elapsed,
-                        };
+                    // Cancel first: polled at every epoch yield of a spinning guest, and woken
+                    // by itself while a guest waits in a host call.
+                    let ending = tokio::select! {
+                        biased;
+                        () = &mut cancel => Ending::Cancelled,
+                        ended = tokio::time::timeout(limits.timeout, call_start(module, &mut store)) => {
+                            ended.unwrap_or(Ending::Elapsed)
+                        }
+                    };
                     // No free slot in the instance pool: a slot freed a moment ago may not be
                     // back yet. Nothing of the guest ran; wait a little and try again.
                     if matches!(&ending, Ending::InstantiateFailed(e) if no_capacity(e))
                         && started.elapsed() + pause < CAPACITY_WAIT
                     {
                         drop(store);
-                        tokio::time::sleep(pause).await;
+                        tokio::select! {
+                            biased;
+                            () = &mut cancel => {
+                                let outcome = Outcome::Cancelled;
+                                return finish(outcome, &stderr, started, 0);
+                            }
+                            () = tokio::time::sleep(pause) => {}
+                        }
                         pause = (pause * 2).min(Duration::from_millis(50));
                         continue;
                     }

@@ -3,9 +3,13 @@
 //!
 //! Runs on the guest runtime (see `guests.rs`). Its one database read, the module's bytes on a
 //! cache miss, is sent to the control runtime, so no connection is ever opened or driven by
-//! threads that guests keep busy.
+//! threads that guests keep busy. A cancel (`cancels.rs`) reaches the run through `cancelled`:
+//! the sandbox stops the instance and the report carries how long that took.
 
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
 
 use tracing::{field::Empty, Instrument};
 
@@ -24,6 +28,7 @@ pub(super) async fn execute(
     modules: &ModuleCache,
     config: &WorkerConfig,
     task: ClaimedTask,
+    cancelled: oneshot::Receiver<Instant>,
 ) -> Report {
     let span = tracing::info_span!(
         "task",
@@ -37,6 +42,19 @@ pub(super) async fn execute(
     let lag = (chrono::Utc::now() - task.run_at).as_seconds_f64().max(0.0);
     metrics::histogram!(crate::metrics::QUEUE_LAG).record(lag);
     async move {
+        // When the cancel reached this runner; a dropped sender (the runner stopping) is no cancel.
+        let requested = OnceLock::new();
+        let cancel = async {
+            match cancelled.await {
+                Ok(at) => {
+                    let _ = requested.set(at);
+                }
+                Err(_) => std::future::pending().await,
+            }
+        };
+        // Shared by the module's load (a first run compiles it: seconds for a big module) and
+        // the run, so a cancel never waits for a compile.
+        tokio::pin!(cancel);
         let retry = config.retry.for_module(task.module.as_ref().map(|m| &m.settings));
         let (execution, sha256) = match &task.module {
             None => (not_run(Outcome::ModuleMissing), None),
@@ -54,8 +72,14 @@ pub(super) async fn execute(
                         Err(e) => Err(format!("reading the module did not finish: {e}")),
                     }
                 };
-                let execution = match modules.get_or_compile(&module.sha256, load).await {
-                    Ok(compiled) => {
+                let loaded = tokio::select! {
+                    biased;
+                    () = &mut cancel => None,
+                    loaded = modules.get_or_compile(&module.sha256, load) => Some(loaded),
+                };
+                let execution = match loaded {
+                    None => not_run(Outcome::Cancelled),
+                    Some(Ok(compiled)) => {
                         let limits = Limits::resolve(
                             &config.sandbox.defaults,
                             &overrides(&module.settings, task.max_result_bytes),
@@ -68,9 +92,9 @@ pub(super) async fn execute(
                             u32::try_from(task.max_attempts).unwrap_or(0),
                             &task.payload,
                         );
-                        sandbox.run(&compiled, &input, &limits).await
+                        sandbox.run_cancellable(&compiled, &input, &limits, &mut cancel).await
                     }
-                    Err(e) => {
+                    Some(Err(e)) => {
                         let why = error_chain(&e);
                         not_run(Outcome::RunnerError(format!("module not loadable: {why}")))
                     }
@@ -78,8 +102,12 @@ pub(super) async fn execute(
                 (execution, Some(module.sha256.clone()))
             }
         };
-        record(&task, &execution);
-        Report { task, execution, module_sha256: sha256, retry }
+        let stopped_in = match execution.outcome {
+            Outcome::Cancelled => requested.get().map(Instant::elapsed),
+            _ => None,
+        };
+        record(&task, &execution, stopped_in);
+        Report { task, execution, module_sha256: sha256, retry, stopped_in }
     }
     .instrument(span)
     .await
@@ -107,7 +135,7 @@ fn not_run(outcome: Outcome) -> Execution {
     }
 }
 
-fn record(task: &ClaimedTask, execution: &Execution) {
+fn record(task: &ClaimedTask, execution: &Execution, stopped_in: Option<Duration>) {
     let span = tracing::Span::current();
     let kind = execution.outcome.label();
     span.record("outcome", kind);
@@ -116,7 +144,14 @@ fn record(task: &ClaimedTask, execution: &Execution) {
     metrics::counter!(crate::metrics::TASK_OUTCOMES, "kind" => kind).increment(1);
     metrics::histogram!(crate::metrics::TASK_DURATION).record(execution.duration.as_secs_f64());
     metrics::histogram!(crate::metrics::TASK_FUEL).record(execution.fuel_used as f64);
-    if execution.outcome.is_success() {
+    if let Some(stop) = stopped_in {
+        metrics::histogram!(crate::metrics::CANCEL_STOP).record(stop.as_secs_f64());
+        tracing::info!(
+            attempt = task.attempt,
+            stop_ms = stop.as_secs_f64() * 1000.0,
+            "task cancelled: instance stopped"
+        );
+    } else if execution.outcome.is_success() {
         tracing::debug!("task succeeded");
     } else {
         let message = execution.failure_message().unwrap_or_default();

@@ -50,6 +50,8 @@ pub struct Report {
     pub execution: Execution,
     pub module_sha256: Option<String>,
     pub retry: RetryPolicy,
+    /// A cancel stopped the run: from the request reaching this runner to the instance stopped.
+    pub stopped_in: Option<Duration>,
 }
 
 /// What the reporter shares with the rest of the runner.
@@ -329,6 +331,10 @@ fn failure(r: &Report, rng: &mut impl rand::Rng) -> Failure {
     }
     if let Outcome::HandlerError { exit_code, .. } = e.outcome {
         detail["exit_code"] = json!(exit_code);
+    }
+    if let Some(stop) = r.stopped_in {
+        // Tenths of a millisecond: a stop takes a few milliseconds.
+        detail["stop_ms"] = json!((stop.as_secs_f64() * 10_000.0).round() / 10.0);
     }
     Failure {
         id: r.task.id,

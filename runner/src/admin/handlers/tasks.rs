@@ -1,4 +1,4 @@
-//! Task routes: enqueue one or a batch, show one, cancel one.
+//! Task routes: enqueue one or a batch, show one, cancel one or all of a task type.
 //!
 //! Invariants: a task is only enqueued for a task type its tenant has an active module for
 //! (anything else could only end in the dead-letter table); a payload larger than the
@@ -12,11 +12,13 @@ use warp::http::StatusCode;
 use super::{created_or_ok, json, Answer};
 use crate::admin::auth::Caller;
 use crate::admin::error::ApiError;
-use crate::admin::models::{BatchResponse, EnqueueRequest};
+use crate::admin::models::{BatchResponse, CancelTasksRequest, EnqueueRequest};
 use crate::admin::openapi as doc;
 use crate::admin::params::{Query, TenantParam};
 use crate::admin::AdminState;
-use crate::queue::{self, Enqueued, NewTask, TaskId, TaskView, TenantCaps};
+use crate::queue::{
+    self, BulkCancel, Cancel, Enqueued, NewTask, TaskId, TaskState, TaskView, TenantCaps,
+};
 
 /// `{id}` in a path, as documented.
 #[allow(dead_code)] // only describes the parameter; the route parses it
@@ -188,8 +190,10 @@ pub async fn show(state: AdminState, caller: Caller, id: TaskId) -> Answer {
     Ok(json(StatusCode::OK, &task))
 }
 
-/// `POST /v1/tasks/{id}/cancel`: a pending or retrying task becomes cancelled (409 once it
-/// runs or has finished).
+/// `POST /v1/tasks/{id}/cancel`: a pending or retrying task is cancelled (200); a running
+/// one is asked to stop (202: its runner stops the instance and the task ends `cancelled`);
+/// a task that already finished or died is 409 `not_cancellable`, naming the state it ended
+/// in (a completion that committed before the cancel won the race).
 #[utoipa::path(
     post,
     path = "/v1/tasks/{id}/cancel",
@@ -198,7 +202,8 @@ pub async fn show(state: AdminState, caller: Caller, id: TaskId) -> Answer {
     security(("bearer" = [])),
     params(TaskIdPath),
     responses(
-        (status = 200, description = "The task, now cancelled", body = TaskView),
+        (status = 200, description = "The task was pending or retrying: it is cancelled now", body = TaskView),
+        (status = 202, description = "The task is running: the cancel is recorded (`cancel_requested_at`) and its runner is stopping the instance. The task will end `cancelled` (a report that comes now cannot win any more); read it again with GET /v1/tasks/{id}", body = TaskView),
         (status = 401, response = doc::Unauthorized),
         (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
@@ -207,7 +212,64 @@ pub async fn show(state: AdminState, caller: Caller, id: TaskId) -> Answer {
     )
 )]
 pub async fn cancel(state: AdminState, caller: Caller, id: TaskId) -> Answer {
-    queue::cancel(state.store(), caller.scope(), id).await?;
+    let done = queue::cancel(state.store(), caller.scope(), id).await?;
     let task = queue::get_task(state.store(), caller.scope(), id).await?;
-    Ok(json(StatusCode::OK, &task))
+    let status = match done {
+        Cancel::Cancelled => StatusCode::OK,
+        Cancel::Requested { .. } => StatusCode::ACCEPTED,
+    };
+    Ok(json(status, &task))
+}
+
+/// `POST /v1/tasks/cancel`: cancels every live task of one task type of the tenant (or only
+/// those in one state), as the single cancel does each: waiting ones at once, running ones by
+/// request. Answers the counts.
+#[utoipa::path(
+    post,
+    path = "/v1/tasks/cancel",
+    operation_id = "cancel_tasks",
+    tag = "tasks",
+    security(("bearer" = [])),
+    params(TenantParam),
+    request_body(content = CancelTasksRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "What was cancelled (`cancelled`) and which running tasks were asked to stop (`cancel_requested`; each ends `cancelled`)", body = BulkCancel),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 403, response = doc::Forbidden),
+        (status = 404, response = doc::NotFound),
+        (status = 413, response = doc::TooLarge),
+        (status = 415, response = doc::UnsupportedMediaType),
+        (status = 500, response = doc::Internal),
+    )
+)]
+pub async fn cancel_many(
+    state: AdminState,
+    caller: Caller,
+    query: Vec<(String, String)>,
+    request: CancelTasksRequest,
+) -> Answer {
+    let requested = tenant_param(query)?;
+    queue::validate_task_type(&request.task_type)
+        .map_err(|e| ApiError::bad_request("invalid_task_type", e.to_string()))?;
+    let only = match request.state.as_deref() {
+        None => None,
+        Some(name) => match name.parse::<TaskState>() {
+            Ok(s) if s.is_live() => Some(s),
+            _ => {
+                return Err(ApiError::bad_request(
+                    "invalid_state",
+                    format!(
+                        "state must be one of {}, {} or {} (a live state), got {name:?}",
+                        TaskState::Pending,
+                        TaskState::Retrying,
+                        TaskState::Running
+                    ),
+                ))
+            }
+        },
+    };
+    let (tenant, _) = caller.write_target(state.store(), requested.as_deref()).await?;
+    let done = queue::cancel_matching(state.store(), &tenant, &request.task_type, only).await?;
+    Ok(json(StatusCode::OK, &done))
 }

@@ -1,4 +1,5 @@
-//! Client commands on tasks: `enqueue`, `task show|cancel`, `stats`, `dead list|requeue`.
+//! Client commands on tasks: `enqueue`, `task show|cancel|cancel-all`, `stats`,
+//! `dead list|requeue`.
 
 use anyhow::Context;
 use reqwest::Method;
@@ -76,9 +77,22 @@ pub enum TaskCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Cancel a pending or retrying task.
+    /// Cancel a task: a pending or retrying one at once; a running one is stopped by its
+    /// runner and ends cancelled.
     Cancel {
         id: i64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Cancel every live task of a task type (waiting ones at once, running ones stopped).
+    CancelAll {
+        task_type: String,
+        /// Only tasks in this state: pending, retrying or running.
+        #[arg(long)]
+        state: Option<String>,
+        /// (Operator) the tenant whose tasks to cancel (default: `default`).
+        #[arg(long)]
+        tenant: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -88,12 +102,46 @@ pub async fn task(command: TaskCommand) -> anyhow::Result<()> {
     let (id, client, path) = match command {
         TaskCommand::Show { id, client } => (id, client, format!("/v1/tasks/{id}")),
         TaskCommand::Cancel { id, client } => (id, client, format!("/v1/tasks/{id}/cancel")),
+        TaskCommand::CancelAll { task_type, state, tenant, client } => {
+            return cancel_all(task_type, state, tenant, client).await
+        }
     };
     let api = Api::new(client)?;
     let method = if path.ends_with("/cancel") { Method::POST } else { Method::GET };
-    let t = api.send(api.request(method, &path)).await?;
+    let t = api.send(api.request(method.clone(), &path)).await?;
     if !api.printed_json(&t) {
+        if method == Method::POST && !t["cancel_requested_at"].is_null() {
+            println!(
+                "cancel requested: task {id} is running (attempt {}); its runner is stopping it \
+                 and it will end cancelled",
+                print::cell(&t["attempts"])
+            );
+        }
         print_task(id, &t);
+    }
+    Ok(())
+}
+
+async fn cancel_all(
+    task_type: String,
+    state: Option<String>,
+    tenant: Option<String>,
+    client: ClientArgs,
+) -> anyhow::Result<()> {
+    let mut body = json!({ "task_type": task_type });
+    if let Some(state) = state {
+        body["state"] = Value::from(state);
+    }
+    let api = Api::new(client)?;
+    let request =
+        api.request(Method::POST, "/v1/tasks/cancel").query(&tenant_query(&tenant)).json(&body);
+    let a = api.send(request).await?;
+    if !api.printed_json(&a) {
+        println!(
+            "cancelled {} waiting tasks; asked {} running tasks to stop (each ends cancelled)",
+            print::cell(&a["cancelled"]),
+            print::cell(&a["cancel_requested"])
+        );
     }
     Ok(())
 }
@@ -109,6 +157,7 @@ fn print_task(id: i64, t: &Value) {
         "run_at",
         "started_at",
         "finished_at",
+        "cancel_requested_at",
         "dedup_key",
         "module_sha256",
         "created_at",

@@ -1,0 +1,22 @@
+-- Cancelling a running task (issue 14). (Names its schema: it also runs on databases migrated
+-- by hand, see 0010.)
+--
+-- A cancel of a `running` task cannot move its row at once: a runner is executing it. It
+-- records the request here instead (`queue::cancel`, in the statement that also NOTIFYs the
+-- holding runner on `sweep_cancel`), and from that commit on the running attempt can only end
+-- `cancelled`: the runner's own report of it (complete_batch, fail_batch), the reaper once its
+-- lease expired, every statement that ends the attempt reads this column and moves the row to
+-- `finished_tasks` as cancelled, with the attempt in its history (kind `cancelled`).
+--
+-- The request belongs to the attempt running when it was made: the row is locked by the
+-- update, so a report that committed first has already ended that attempt (the cancel then
+-- finds no running row and answers with the state the task finished in), and one that comes
+-- later sees the request. Nothing clears it but the end of the task: a running attempt with a
+-- request never goes back to waiting (release_batch leaves such a row to its lease).
+--
+-- Not indexed, and null on the hot path: claims, heartbeats and reports stay HOT updates.
+--
+-- State moves after this migration:
+--   running -> cancelled   once cancel_requested_at is set, any end of the attempt
+
+alter table sweep.tasks add column cancel_requested_at timestamptz;
