@@ -91,6 +91,11 @@ pub struct WorkerArgs {
     /// Claim statements kept in flight at once.
     #[arg(long, env = "SWEEP_CLAIMERS", default_value_t = crate::config::DEFAULT_CLAIMERS)]
     pub claimers: usize,
+    /// Most tasks claimed ahead of free slots, so a freed slot starts at once; the runner
+    /// sizes the buffer below this from what it observes, and claims nothing ahead for tasks
+    /// longer than a claim round trip (0: never claim ahead).
+    #[arg(long, env = "SWEEP_CLAIM_AHEAD", default_value_t = crate::config::DEFAULT_MAX_AHEAD)]
+    pub claim_ahead: usize,
     /// Lease length in seconds (renewed every third of it).
     #[arg(long, env = "SWEEP_LEASE_SECS", default_value_t = crate::config::DEFAULT_LEASE.as_secs())]
     pub lease_secs: u64,
@@ -184,6 +189,7 @@ impl WorkerArgs {
             spare_slots: self.spare_slots,
             batch_size: self.batch_size,
             claimers: self.claimers,
+            max_ahead: self.claim_ahead,
             lease: Duration::from_secs(self.lease_secs),
             poll_interval: Duration::from_millis(self.poll_ms),
             grace_period: Duration::from_secs(self.grace_secs),

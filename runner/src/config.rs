@@ -11,6 +11,9 @@ pub const DEFAULT_SPARE_SLOTS: usize = 4;
 pub const DEFAULT_BATCH_SIZE: usize = 50;
 /// Claim statements a runner keeps in flight at once.
 pub const DEFAULT_CLAIMERS: usize = 2;
+/// Most tasks claimed ahead of free slots (the buffer's size adapts below it, see
+/// `worker::intake`).
+pub const DEFAULT_MAX_AHEAD: usize = 50;
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(10);
@@ -47,6 +50,10 @@ pub struct WorkerConfig {
     pub batch_size: usize,
     /// Claim loops running side by side, so one claim's round trip does not idle the slots.
     pub claimers: usize,
+    /// Most tasks claimed ahead of free slots, kept ready so a freed slot starts at once (the
+    /// runner sizes the buffer below this from its claim round trips and task durations; 0:
+    /// claim for free slots only).
+    pub max_ahead: usize,
     /// How long a claim is leased; heartbeats renew it every third of this.
     pub lease: Duration,
     /// Backstop for NOTIFY wake-ups.
@@ -106,6 +113,7 @@ impl Default for WorkerConfig {
             spare_slots: DEFAULT_SPARE_SLOTS,
             batch_size: DEFAULT_BATCH_SIZE,
             claimers: DEFAULT_CLAIMERS,
+            max_ahead: DEFAULT_MAX_AHEAD,
             lease: DEFAULT_LEASE,
             poll_interval: DEFAULT_POLL_INTERVAL,
             grace_period: DEFAULT_GRACE_PERIOD,

@@ -1,9 +1,10 @@
 //! The runner loop: claim -> run -> report, with heartbeats, maintenance and graceful shutdown.
 //!
-//! Shape: claim lanes take as many due tasks as there are free slots (up to a batch), shared
-//! fairly among tenants and task types by the claim itself, and spawn each as a task of its own
-//! on the guest runtime ([`Guests`]), apart from the runtime of the lanes, heartbeats, reporter
-//! and admin API. Each hands its outcome to the reporter, which writes completions and failures
+//! Shape: claim lanes take as many due tasks as there is room for (free slots plus a small
+//! buffer claimed ahead of them, sized from the observed pace: see `intake`; up to a batch),
+//! shared fairly among tenants and task types by the claim itself, and spawn each as a task of
+//! its own on the guest runtime ([`Guests`]), apart from the runtime of the lanes, heartbeats,
+//! reporter and admin API. A task claimed ahead waits there for a slot, in claim order. Each hands its outcome to the reporter, which writes completions and failures
 //! back in batches while the lanes already claim the next batch.
 //! Heartbeats renew the leases of the tasks this runner executes or still holds a report for
 //! (`liveness`); maintenance runs the reaper, retention, runner pruning, the repair of
@@ -19,9 +20,13 @@
 //! it by fair share.
 //!
 //! Invariants:
-//! - a slot (semaphore permit) is held from claim until the outcome is queued for reporting,
-//!   so at most `concurrency` + `spare_slots` tasks run at once, the spare ones only for queues
-//!   that had nothing running, or a tenant below its share, when claimed;
+//! - room in the intake is held from claim until the outcome is queued for reporting, and a
+//!   slot (semaphore permit) from the start of the guest until then, so at most
+//!   `concurrency` + `spare_slots` tasks run at once (the spare ones only for queues that had
+//!   nothing running, or a tenant below its share, when claimed) and at most `concurrency` +
+//!   `max_ahead` + `spare_slots` are held;
+//! - a task claimed ahead that has not started when the runner stops is handed back at once,
+//!   uncounted;
 //! - every task this runner claimed ends in exactly one report: a completion, a failure, or
 //!   (on shutdown past the grace period) a release that hands it back uncounted; no task is
 //!   left `running` after `run` returns, except when the database is unreachable, in which case
@@ -32,6 +37,7 @@
 mod cancels;
 mod execute;
 mod guests;
+mod intake;
 mod liveness;
 mod maintenance;
 mod report;
@@ -53,6 +59,7 @@ use tokio::{
 };
 use uuid::Uuid;
 
+use self::intake::{Intake, Reservation, Ticket};
 use self::liveness::{HeldLeases, Hold, Reachability};
 use crate::{
     config::WorkerConfig,
@@ -111,6 +118,9 @@ struct Running {
 
 /// What a claim lane shares with the others.
 struct Lane {
+    /// What the runner holds and how far ahead it claims (fair claims reserve room here).
+    intake: Arc<Intake>,
+    /// Execution slots: a fairly claimed task waits for one (in claim order) before it runs.
     slots: Arc<Semaphore>,
     spare: Arc<Semaphore>,
     /// Fair claims in flight on any lane: their slots are taken but their tasks are not
@@ -231,6 +241,7 @@ impl Worker {
             stop_rx.clone(),
         ));
 
+        let intake = Intake::new(self.config.concurrency, self.config.max_ahead);
         let slots = Arc::new(Semaphore::new(self.config.concurrency));
         let spare = Arc::new(Semaphore::new(self.config.spare_slots));
         let fair_claims = Arc::new(AtomicUsize::new(0));
@@ -240,6 +251,7 @@ impl Worker {
         let lanes: Vec<_> = (0..self.config.claimers)
             .map(|_| {
                 let lane = Lane {
+                    intake: Arc::clone(&intake),
                     slots: Arc::clone(&slots),
                     spare: Arc::clone(&spare),
                     fair_claims: Arc::clone(&fair_claims),
@@ -261,10 +273,10 @@ impl Worker {
         }
 
         tracing::info!(runner = %self.id, "stopping: no new claims, waiting for running tasks");
-        let all = u32::try_from(self.config.concurrency).unwrap_or(u32::MAX);
+        // Buffered tasks that had not started are handed back at once (they see the stop).
         let all_spare = u32::try_from(self.config.spare_slots).unwrap_or(u32::MAX);
         let drained = tokio::time::timeout(self.config.grace_period, async {
-            let _ = tokio::join!(slots.acquire_many(all), spare.acquire_many(all_spare));
+            let _ = tokio::join!(intake.drained(), spare.acquire_many(all_spare));
         })
         .await;
         if drained.is_err() {
@@ -295,27 +307,26 @@ impl Worker {
         .await
     }
 
-    /// One claim lane: waits for free slots, claims up to that many due tasks (at most a
-    /// batch), spawns each, and sleeps on NOTIFY or the poll interval when nothing is due.
-    /// While every slot is busy, a wake-up lets it claim into the spare slots instead.
-    /// Several lanes keep several claims in flight. Returns how many tasks it claimed.
+    /// One claim lane: waits for room (free slots plus the buffer claimed ahead, see
+    /// `intake`), claims up to that many due tasks (at most a batch), spawns each, and sleeps
+    /// on NOTIFY or the poll interval when nothing is due. While every slot is busy, a wake-up
+    /// lets it claim into the spare slots instead. Several lanes keep several claims in flight.
+    /// Returns how many tasks it claimed.
     async fn claim_loop(self, lane: Lane) -> u64 {
         let mut claimed_total = 0;
         let mut stop = lane.stop.clone();
         loop {
-            let (first, mode) = tokio::select! {
+            let seats = tokio::select! {
                 biased;
                 _ = stop.changed() => break,
-                permit = Arc::clone(&lane.slots).acquire_owned() => match permit {
-                    Ok(p) => (p, ClaimMode::Fair),
-                    Err(_) => break,
-                },
+                room = lane.intake.reserve(self.config.batch_size) => Seats::Fair(room),
                 spare = spare_wakeup(&lane, self.config.poll_interval) => match spare {
-                    Some(p) => (p, ClaimMode::Starved),
+                    Some(p) => Seats::Spare(top_up(&lane.spare, p, self.config.batch_size)),
                     None => break,
                 },
             };
-            match self.claim_into(&lane, first, mode).await {
+            let mode = seats.mode();
+            match self.claim_into(&lane, seats).await {
                 Claimed::Tasks(n) => {
                     claimed_total += n;
                     if n == 0 && mode == ClaimMode::Fair {
@@ -333,27 +344,12 @@ impl Worker {
         claimed_total
     }
 
-    /// Tops `first` up with as many free permits of the same kind as a batch allows, claims
-    /// that many tasks in `mode` and spawns them; unused permits go back when dropped.
-    async fn claim_into(
-        &self,
-        lane: &Lane,
-        first: OwnedSemaphorePermit,
-        mode: ClaimMode,
-    ) -> Claimed {
-        let semaphore = match mode {
-            ClaimMode::Fair => &lane.slots,
-            ClaimMode::Starved => &lane.spare,
-        };
-        let mut permits = vec![first];
-        let extra = semaphore.available_permits().min(self.config.batch_size - 1);
-        if extra > 0 {
-            if let Ok(more) = Arc::clone(semaphore).try_acquire_many_owned(extra as u32) {
-                permits.push(more);
-            }
-        }
-        let want = permits.iter().map(|p| p.num_permits()).sum::<usize>();
+    /// Claims as many tasks as `seats` has room for, in their mode, and spawns them; room no
+    /// task took goes back when the seats drop.
+    async fn claim_into(&self, lane: &Lane, seats: Seats) -> Claimed {
+        let (want, mode) = (seats.len(), seats.mode());
         let _in_flight = (mode == ClaimMode::Fair).then(|| FairClaim::start(lane));
+        let sent = std::time::Instant::now();
         let claimed = match queue::claim(
             &self.store,
             self.id,
@@ -367,7 +363,7 @@ impl Worker {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "claim failed; retrying after the poll interval");
-                drop(permits);
+                drop(seats);
                 let mut stop = lane.stop.clone();
                 tokio::select! {
                     _ = stop.changed() => {},
@@ -376,56 +372,71 @@ impl Worker {
                 return Claimed::Failed;
             }
         };
+        if mode == ClaimMode::Fair {
+            lane.intake.claimed_in(sent.elapsed());
+        }
         let count = claimed.len() as u64;
         metrics::counter!(crate::metrics::TASKS_CLAIMED).increment(count);
         if claimed.len() == want && (want == self.config.batch_size || mode == ClaimMode::Starved) {
             // A full batch: more is probably due; let an idle lane start claiming too.
             lane.wakeups.wake();
         }
-        let mut slots_for_tasks = split_permits(permits, claimed.len());
+        let mut seats = seats.split(claimed.len());
         for task in claimed {
-            let Some(permit) = slots_for_tasks.pop() else { break };
+            let Some(seat) = seats.pop() else { break };
             let hold = Hold::new(&lane.leases, (task.id, task.attempt));
-            self.spawn_task(task, permit, hold, &lane.reports, &lane.in_flight);
+            self.spawn_task(task, seat, hold, lane);
         }
         Claimed::Tasks(count)
     }
 
-    fn spawn_task(
-        &self,
-        task: ClaimedTask,
-        permit: OwnedSemaphorePermit,
-        hold: Hold,
-        reports: &mpsc::UnboundedSender<Report>,
-        in_flight: &InFlight,
-    ) {
+    fn spawn_task(&self, task: ClaimedTask, seat: Seat, hold: Hold, lane: &Lane) {
         let (id, attempt) = (task.id, task.attempt);
         let worker = self.clone();
-        let reports = reports.clone();
-        let registry = Arc::clone(in_flight);
+        let reports = lane.reports.clone();
+        let registry = Arc::clone(&lane.in_flight);
+        let (slots, stop) = (Arc::clone(&lane.slots), lane.stop.clone());
         // Hold the map's lock across spawn + insert so the task cannot remove its entry before
         // it was added.
-        let mut map = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = lane.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
         let control = tokio::runtime::Handle::current();
         let (cancel, cancelled) = oneshot::channel();
         let handle = self.guests.spawn(async move {
-            let report = execute::execute(
-                &worker.store,
-                &control,
-                &worker.sandbox,
-                &worker.modules,
-                &worker.config,
-                task,
-                cancelled,
-            )
-            .await;
+            // A fairly claimed task may have been claimed ahead: it waits for a slot, in claim
+            // order, and goes back untouched if the runner stops first.
+            let slot = match &seat {
+                Seat::Fair(_) => tokio::select! {
+                    biased;
+                    () = stopped(stop) => None,
+                    permit = slots.acquire_owned() => permit.ok(),
+                },
+                Seat::Spare(_) => None,
+            };
+            let report = match (&seat, &slot) {
+                (Seat::Fair(_), None) => execute::unstarted(task),
+                _ => {
+                    execute::execute(
+                        &worker.store,
+                        &control,
+                        &worker.sandbox,
+                        &worker.modules,
+                        &worker.config,
+                        task,
+                        cancelled,
+                    )
+                    .await
+                }
+            };
             registry.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+            let ran_for = report.ran().then_some(report.execution.duration);
             // The reporter outlives every task (it stops only when all senders are gone), and
             // lets the lease go once the report is written.
             if reports.send(report).is_ok() {
                 hold.handed_over();
             }
-            drop(permit);
+            // The slot first, so a lane woken by the room below finds it free.
+            drop(slot);
+            seat.finished(ran_for);
         });
         map.insert(id, Running { attempt, abort: handle.abort_handle(), cancel: Some(cancel) });
     }
@@ -468,7 +479,7 @@ impl Worker {
 async fn spare_wakeup(lane: &Lane, poll: std::time::Duration) -> Option<OwnedSemaphorePermit> {
     let mut woken = false;
     loop {
-        if lane.slots.available_permits() > 0 {
+        if lane.intake.has_room() {
             if woken {
                 lane.wakeups.wake();
             }
@@ -487,7 +498,7 @@ async fn spare_wakeup(lane: &Lane, poll: std::time::Duration) -> Option<OwnedSem
             continue;
         }
         let permit = Arc::clone(&lane.spare).acquire_owned().await.ok()?;
-        if lane.slots.available_permits() == 0 && lane.fair_claims.load(Ordering::Acquire) == 0 {
+        if !lane.intake.has_room() && lane.fair_claims.load(Ordering::Acquire) == 0 {
             return Some(permit);
         }
     }
@@ -515,6 +526,85 @@ impl Drop for FairClaim<'_> {
     fn drop(&mut self) {
         self.0.fair_claims.fetch_sub(1, Ordering::AcqRel);
         self.0.claim_done.notify_waiters();
+    }
+}
+
+/// Room for one claim's tasks: reserved in the intake (fair) or spare permits (starved).
+enum Seats {
+    Fair(Reservation),
+    Spare(Vec<OwnedSemaphorePermit>),
+}
+
+/// One claimed task's place: it gives it back when its report is queued (or when dropped).
+enum Seat {
+    Fair(Ticket),
+    Spare(OwnedSemaphorePermit),
+}
+
+impl Seats {
+    fn mode(&self) -> ClaimMode {
+        match self {
+            Seats::Fair(_) => ClaimMode::Fair,
+            Seats::Spare(_) => ClaimMode::Starved,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Seats::Fair(r) => r.len(),
+            Seats::Spare(p) => p.iter().map(OwnedSemaphorePermit::num_permits).sum(),
+        }
+    }
+
+    /// One seat per task; the rest goes back when dropped.
+    fn split(self, tasks: usize) -> Vec<Seat> {
+        match self {
+            Seats::Fair(mut room) => {
+                let mut seats = Vec::with_capacity(tasks);
+                while seats.len() < tasks {
+                    let Some(ticket) = room.take_one() else { break };
+                    seats.push(Seat::Fair(ticket));
+                }
+                seats
+            }
+            Seats::Spare(permits) => {
+                split_permits(permits, tasks).into_iter().map(Seat::Spare).collect()
+            }
+        }
+    }
+}
+
+impl Seat {
+    fn finished(self, ran_for: Option<std::time::Duration>) {
+        match self {
+            Seat::Fair(ticket) => ticket.finished(ran_for),
+            Seat::Spare(permit) => drop(permit),
+        }
+    }
+}
+
+/// `first` plus as many free permits of `semaphore` as a batch allows.
+fn top_up(
+    semaphore: &Arc<Semaphore>,
+    first: OwnedSemaphorePermit,
+    batch: usize,
+) -> Vec<OwnedSemaphorePermit> {
+    let mut permits = vec![first];
+    let extra = semaphore.available_permits().min(batch - 1);
+    if extra > 0 {
+        if let Ok(more) = Arc::clone(semaphore).try_acquire_many_owned(extra as u32) {
+            permits.push(more);
+        }
+    }
+    permits
+}
+
+/// Resolves once `stop` says true (at once if it already does).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            return std::future::pending().await;
+        }
     }
 }
 

@@ -34,6 +34,7 @@ use sweep::args::{default_modules_dir, WorkerArgs};
 use crate::fixtures;
 
 pub mod compile;
+pub mod cpu;
 pub mod enqueue;
 pub mod fairness;
 pub mod memory;
@@ -197,6 +198,7 @@ async fn throughput(
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let (stop, stopped) = oneshot::channel::<()>();
+    let (runner_cpu, postgres_cpu) = (cpu::Cpu::this_process(), cpu::Cpu::postgres());
     let run_started = Instant::now();
     let runner = tokio::spawn(worker.run(async {
         let _ = stopped.await;
@@ -217,6 +219,8 @@ async fn throughput(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let secs = run_started.elapsed().as_secs_f64();
+    let runner_cpu = cpu::Cpu::this_process().since(&runner_cpu);
+    let postgres_cpu = cpu::Cpu::postgres().since(&postgres_cpu);
     bar.finish_and_clear();
     let _ = stop.send(());
     runner.await??;
@@ -226,6 +230,17 @@ async fn throughput(
         "drained {n} tasks in {secs:.2}s: {rate:.0} tasks/s  (batch {}, concurrency {}, fresh \
          instance per task, fuel + epoch deadline + memory + output limits on)",
         config.batch_size, config.concurrency
+    );
+    let per_task = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
+    println!(
+        "CPU per task: runner {:.1} us (user {:.1}, system {:.1}; includes this benchmark's \
+         20 ms probe), Postgres {:.1} us (user {:.1}, system {:.1})",
+        per_task(runner_cpu.total()),
+        per_task(runner_cpu.user),
+        per_task(runner_cpu.system),
+        per_task(postgres_cpu.total()),
+        per_task(postgres_cpu.user),
+        per_task(postgres_cpu.system),
     );
     if let Some(limit) = sql_limit {
         println!("ratio to the raw SQL ceiling ({limit:.0} jobs/s): {:.2}x", rate / limit);

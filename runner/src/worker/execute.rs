@@ -113,6 +113,14 @@ pub(super) async fn execute(
     .await
 }
 
+/// The report of a task claimed ahead that never got a slot because the runner is stopping:
+/// handed back to the queue uncounted (nothing of the guest ran).
+pub(super) fn unstarted(task: ClaimedTask) -> Report {
+    let why = "the runner stopped before the task started".to_owned();
+    let execution = not_run(Outcome::NoCapacity(why));
+    Report { task, execution, module_sha256: None, retry: Default::default(), stopped_in: None }
+}
+
 /// Limits from the module's registry settings and the tenant's result limit, which bounds the
 /// task's stdout (the sandbox caps them all by the runner maxima).
 fn overrides(s: &ModuleSettings, max_result_bytes: Option<i64>) -> LimitOverrides {

@@ -54,6 +54,13 @@ pub struct Report {
     pub stopped_in: Option<Duration>,
 }
 
+impl Report {
+    /// Whether the guest ran (a task handed back unrun did not).
+    pub(super) fn ran(&self) -> bool {
+        !matches!(self.execution.outcome, Outcome::NoCapacity(_))
+    }
+}
+
 /// What the reporter shares with the rest of the runner.
 pub(super) struct Reporter {
     pub(super) store: Store,
@@ -139,7 +146,8 @@ impl Reporter {
                     let released = queue::release_batch(pool, runner, leases).await?;
                     tracing::warn!(
                         tasks = released.len(),
-                        "no free instance slot; handed the tasks back to the queue uncounted"
+                        "handed tasks that did not start (no free instance slot, or the runner \
+                         is stopping) back to the queue uncounted"
                     );
                 }
                 Writes::Complete(completions) => {

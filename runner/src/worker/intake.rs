@@ -1,0 +1,265 @@
+//! How many tasks a runner holds: its running tasks plus a small local buffer claimed ahead of
+//! free slots, sized from what it observes (Graphile Worker's local queue, sized by Little's
+//! law instead of by hand).
+//!
+//! Why: a claim is a round trip. When tasks are short, a slot that frees up while the next claim
+//! is still in flight sits idle, and the claims that do go out carry only the one or two slots
+//! that happened to be free. Claiming ahead keeps a few tasks ready so freed slots start at once
+//! and claims carry full batches. When tasks are long, a buffered task would only wait for a
+//! slot while another runner could have started it, so the buffer shrinks to nothing.
+//!
+//! The buffer's target is the number of tasks the runner's slots finish during one claim round
+//! trip: `concurrency x claim_rtt / task_duration` (both averaged over recent claims and tasks),
+//! capped at `max_ahead` and rounded down, so tasks longer than a claim round trip on every slot
+//! are never claimed ahead.
+//!
+//! Invariants:
+//! - at most `concurrency + max_ahead` tasks are held (claimed and not yet reported) through
+//!   fair claims; reservations are taken with compare-and-swap, so concurrent lanes never
+//!   overshoot;
+//! - a buffered task holds its lease like a running one (the heartbeat renews it) and is handed
+//!   back, uncounted, if the runner stops before it started;
+//! - `held` only goes down through [`Intake::finished`] or a reservation's drop, each once per
+//!   task, and every decrement wakes the lanes waiting for room.
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::Duration,
+};
+
+use tokio::sync::Notify;
+
+/// Weight of the newest sample in the running averages.
+const SMOOTHING: f64 = 0.2;
+
+/// The runner's intake: what it holds and how far ahead it may claim.
+#[derive(Debug)]
+pub(super) struct Intake {
+    concurrency: usize,
+    max_ahead: usize,
+    held: AtomicUsize,
+    room: Notify,
+    pace: Mutex<Pace>,
+}
+
+/// Running averages, in seconds (`None` until the first sample).
+#[derive(Debug, Default)]
+struct Pace {
+    claim_rtt: Option<f64>,
+    task_duration: Option<f64>,
+}
+
+impl Pace {
+    fn ahead(&self, concurrency: usize, max_ahead: usize) -> usize {
+        match (self.claim_rtt, self.task_duration) {
+            (Some(rtt), Some(task)) => {
+                let finished_per_claim = concurrency as f64 * rtt / task.max(1e-6);
+                (finished_per_claim.floor() as usize).min(max_ahead)
+            }
+            // Nothing known yet: claim for the free slots only.
+            _ => 0,
+        }
+    }
+}
+
+fn smooth(average: &mut Option<f64>, sample: f64) {
+    *average = Some(average.map_or(sample, |a| a + SMOOTHING * (sample - a)));
+}
+
+impl Intake {
+    pub(super) fn new(concurrency: usize, max_ahead: usize) -> Arc<Self> {
+        Arc::new(Intake {
+            concurrency,
+            max_ahead,
+            held: AtomicUsize::new(0),
+            room: Notify::new(),
+            pace: Mutex::new(Pace::default()),
+        })
+    }
+
+    fn pace(&self) -> std::sync::MutexGuard<'_, Pace> {
+        self.pace.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many tasks this runner may hold now: its slots plus the buffer's current target.
+    pub(super) fn capacity(&self) -> usize {
+        self.concurrency + self.pace().ahead(self.concurrency, self.max_ahead)
+    }
+
+    /// Tasks claimed and not yet reported (running or buffered).
+    pub(super) fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// Whether a fair claim could take anything now.
+    pub(super) fn has_room(&self) -> bool {
+        self.held() < self.capacity()
+    }
+
+    /// Reserves room for up to `most` tasks, waiting until there is room for at least one.
+    pub(super) async fn reserve(self: &Arc<Self>, most: usize) -> Reservation {
+        loop {
+            let notified = self.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(r) = self.try_reserve(most) {
+                return r;
+            }
+            notified.await;
+        }
+    }
+
+    fn try_reserve(self: &Arc<Self>, most: usize) -> Option<Reservation> {
+        let capacity = self.capacity();
+        let mut held = self.held.load(Ordering::Acquire);
+        loop {
+            let take = capacity.saturating_sub(held).min(most);
+            if take == 0 {
+                return None;
+            }
+            match self.held.compare_exchange_weak(
+                held,
+                held + take,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(Reservation { intake: Arc::clone(self), left: take }),
+                Err(now) => held = now,
+            }
+        }
+    }
+
+    /// Records how long a claim statement took (its round trip).
+    pub(super) fn claimed_in(&self, rtt: Duration) {
+        smooth(&mut self.pace().claim_rtt, rtt.as_secs_f64());
+    }
+
+    /// One held task is reported; `ran_for` is how long its guest ran (`None`: it never
+    /// started, e.g. handed back at shutdown).
+    fn finished(&self, ran_for: Option<Duration>) {
+        if let Some(d) = ran_for {
+            smooth(&mut self.pace().task_duration, d.as_secs_f64());
+        }
+        self.release(1);
+    }
+
+    fn release(&self, n: usize) {
+        if n > 0 {
+            self.held.fetch_sub(n, Ordering::AcqRel);
+            self.room.notify_waiters();
+        }
+    }
+
+    /// Resolves once nothing is held.
+    pub(super) async fn drained(&self) {
+        loop {
+            let notified = self.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.held() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Room reserved for a claim's tasks; what no task takes goes back when dropped.
+#[derive(Debug)]
+pub(super) struct Reservation {
+    intake: Arc<Intake>,
+    left: usize,
+}
+
+impl Reservation {
+    pub(super) fn len(&self) -> usize {
+        self.left
+    }
+
+    /// One task's place, taken out of the reservation (`None` once it is used up).
+    pub(super) fn take_one(&mut self) -> Option<Ticket> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        Some(Ticket { intake: Arc::clone(&self.intake), ran_for: None })
+    }
+}
+
+/// One held task's place in the intake, given back when dropped (also when its task panicked
+/// or was aborted), with how long its guest ran if it did.
+#[derive(Debug)]
+pub(super) struct Ticket {
+    intake: Arc<Intake>,
+    ran_for: Option<Duration>,
+}
+
+impl Ticket {
+    /// Gives the place back, recording how long the guest ran (`None`: it never started).
+    pub(super) fn finished(mut self, ran_for: Option<Duration>) {
+        self.ran_for = ran_for;
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.intake.finished(self.ran_for);
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.intake.release(self.left);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_tasks_buffer_up_to_the_cap_and_long_ones_not_at_all() {
+        let pace = |rtt: f64, task: f64| Pace { claim_rtt: Some(rtt), task_duration: Some(task) };
+        // 16 slots, 2 ms claims, 50 us tasks: 640 would finish per claim; capped at 50.
+        assert_eq!(pace(0.002, 0.000_05).ahead(16, 50), 50);
+        // 10 ms tasks: 3.2 finish per claim.
+        assert_eq!(pace(0.002, 0.01).ahead(16, 50), 3);
+        // 1 s tasks: none.
+        assert_eq!(pace(0.002, 1.0).ahead(16, 50), 0);
+        assert_eq!(Pace::default().ahead(16, 50), 0);
+    }
+
+    #[tokio::test]
+    async fn reservations_never_exceed_capacity_and_give_back_what_they_do_not_use() {
+        let intake = Intake::new(4, 0);
+        let mut a = intake.try_reserve(3).expect("room");
+        assert_eq!(a.len(), 3);
+        let b = intake.try_reserve(3).expect("room for one");
+        assert_eq!(b.len(), 1);
+        assert!(intake.try_reserve(1).is_none());
+        drop(b);
+        let ticket = a.take_one().expect("a place");
+        drop(a);
+        // One task still held (taken from `a`).
+        assert_eq!(intake.held(), 1);
+        ticket.finished(Some(Duration::from_millis(1)));
+        assert_eq!(intake.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_reservation_is_woken_when_a_task_finishes() {
+        let intake = Intake::new(1, 0);
+        let ticket = intake.try_reserve(1).expect("room").take_one().expect("a place");
+        let waiter = tokio::spawn({
+            let intake = Arc::clone(&intake);
+            async move { intake.reserve(5).await.len() }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        drop(ticket);
+        assert_eq!(waiter.await.expect("joined"), 1);
+    }
+}
