@@ -6,8 +6,8 @@
 
 pub mod modules;
 pub mod ops;
-pub mod schedules;
 pub mod queues;
+pub mod schedules;
 pub mod tasks;
 pub mod tenants;
 
