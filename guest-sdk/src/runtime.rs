@@ -14,7 +14,9 @@ use serde::Serialize;
 
 use crate::{Error, TaskContext};
 
-/// Runs `handler` as the whole program and exits with the contract's code.
+/// Runs `handler` as the whole program and ends it with the contract's code: on success it
+/// returns (so `main` returns and the instance ends without `proc_exit`, which the host
+/// handles as an error path), otherwise it exits with the failure's code.
 ///
 /// ```no_run
 /// fn handle(n: u64) -> Result<u64, sweep_guest::Error> {
@@ -25,7 +27,7 @@ use crate::{Error, TaskContext};
 ///     sweep_guest::run(handle)
 /// }
 /// ```
-pub fn run<I, O, F>(handler: F) -> !
+pub fn run<I, O, F>(handler: F)
 where
     I: DeserializeOwned,
     O: Serialize,
@@ -36,7 +38,7 @@ where
 
 /// Like [`run`], but the handler also receives the [`TaskContext`]
 /// (task id, type, attempt number) read from the environment.
-pub fn run_with_context<I, O, F>(handler: F) -> !
+pub fn run_with_context<I, O, F>(handler: F)
 where
     I: DeserializeOwned,
     O: Serialize,
@@ -52,8 +54,10 @@ where
         }
     };
     let code = report(result, &mut std::io::stdout().lock(), &mut std::io::stderr().lock());
-    // `exit` skips destructors; `report` has already flushed stdout.
-    std::process::exit(code)
+    if code != 0 {
+        // `exit` skips destructors; `report` has already flushed stdout and stderr.
+        std::process::exit(code)
+    }
 }
 
 /// Parses the payload, calls the handler and serialises its result.

@@ -28,6 +28,13 @@ use super::SandboxError;
 /// Pool slots whose memory is reset together (measured: ~0.7 µs/task saved on a no-op task).
 const DECOMMIT_BATCH: usize = 8;
 
+/// Linear memory (and table, fiber stack) kept resident in a freed pool slot where the kernel
+/// can say which pages a task touched (`PAGEMAP_SCAN`, Linux 6.7+): only those are reset, by
+/// `memset`, so the next task in the slot takes no page faults for them and the slot needs no
+/// `madvise`. A Rust guest touches its stack below 1 MiB plus its data and heap above.
+/// Measured on the Rust SDK no-op: runner system time per task 36-38 µs down to 15-21 µs.
+const KEEP_RESIDENT: usize = 2 << 20;
+
 /// Which instance allocator the engine uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AllocatorKind {
@@ -100,7 +107,31 @@ fn pooling_config(config: &SandboxConfig) -> PoolingAllocationConfig {
         // Return freed slots' memory to the OS in batches (one madvise pass per batch
         // instead of per task); wasmtime flushes early if it needs a queued slot.
         .decommit_batch_size(DECOMMIT_BATCH.min(usize::try_from(slots).unwrap_or(1)));
+    // Without the scan, keeping memory resident means a `memset` of the whole kept size on
+    // every free, which costs more than the faults it saves: leave the default there.
+    if pagemap_scan_supported() {
+        p.pagemap_scan(wasmtime::Enabled::Yes)
+            .linear_memory_keep_resident(KEEP_RESIDENT)
+            .table_keep_resident(64 << 10)
+            .async_stack_keep_resident(64 << 10);
+    }
     p
+}
+
+/// Whether the running kernel has the `PAGEMAP_SCAN` ioctl (Linux 6.7 and later).
+fn pagemap_scan_supported() -> bool {
+    let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else {
+        return false;
+    };
+    kernel_at_least(&release, (6, 7))
+}
+
+fn kernel_at_least(release: &str, (major, minor): (u32, u32)) -> bool {
+    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(a), Some(b)) => (a, b) >= (major, minor),
+        _ => false,
+    }
 }
 
 /// Starts the thread that bumps the engine's epoch every `tick`. It exits on its own once
@@ -125,6 +156,16 @@ pub(crate) fn spawn_epoch_ticker(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_releases_compare_by_major_then_minor() {
+        assert!(kernel_at_least("6.18.44-fc-v1045\n", (6, 7)));
+        assert!(kernel_at_least("6.7.0", (6, 7)));
+        assert!(!kernel_at_least("6.6.30-generic", (6, 7)));
+        assert!(!kernel_at_least("5.15.0", (6, 7)));
+        assert!(kernel_at_least("7.0", (6, 7)));
+        assert!(!kernel_at_least("garbage", (6, 7)));
+    }
 
     #[test]
     fn on_demand_engine_builds() -> anyhow::Result<()> {
