@@ -196,6 +196,15 @@ impl Worker {
         }
 
         let (stop_tx, stop_rx) = watch::channel(false);
+        // Compile the active modules ahead, beside the first claims: otherwise the first tasks
+        // of every module wait for its compile while holding slots, and the tasks behind them
+        // wait for those slots (the "stall at task number --concurrency" of a cold runner).
+        let warm = tokio::spawn(warm_modules(
+            self.store.clone(),
+            self.modules.clone(),
+            self.config.task_types.clone(),
+            stop_rx.clone(),
+        ));
         let (report_tx, report_rx) = mpsc::unbounded_channel();
         let leases = Arc::new(HeldLeases::default());
         let reach = Arc::new(Reachability::new());
@@ -287,7 +296,7 @@ impl Worker {
             tracing::error!(error = %e, "reporter task failed");
         }
         let _ = stop_tx.send(true);
-        let _ = tokio::join!(heartbeat, upkeep, cancels);
+        let _ = tokio::join!(heartbeat, upkeep, cancels, warm);
         if let Err(e) = queue::deregister_runner(&self.store, self.id).await {
             // Not fatal: the row stops heartbeating and is pruned.
             tracing::warn!(error = %e, "could not deregister the runner");
@@ -501,6 +510,51 @@ async fn spare_wakeup(lane: &Lane, poll: std::time::Duration) -> Option<OwnedSem
         if !lane.intake.has_room() && lane.fair_claims.load(Ordering::Acquire) == 0 {
             return Some(permit);
         }
+    }
+}
+
+/// Most modules a starting runner compiles ahead (the cache's byte bound still applies).
+const WARM_MODULES: usize = 64;
+
+/// Compiles the most recently activated modules (of the runner's task types) into the cache,
+/// one at a time, until done or stopped. A task that needs one of them meanwhile waits for the
+/// same compile (the cache runs each sha256's compile once). Failures only cost the warm-up:
+/// the task that needs the module reports them.
+async fn warm_modules(
+    store: Store,
+    modules: ModuleCache,
+    task_types: Vec<String>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let shas = match queue::active_module_shas(&store, &task_types, WARM_MODULES).await {
+        Ok(shas) => shas,
+        Err(e) => {
+            tracing::debug!(error = %e, "could not list the active modules to compile ahead");
+            return;
+        }
+    };
+    let started = std::time::Instant::now();
+    let mut compiled = 0;
+    for sha256 in shas {
+        let load = || async {
+            match queue::module_bytes(&store, &sha256).await {
+                Ok(Some(bytes)) => Ok(bytes),
+                Ok(None) => Err(format!("module {sha256} vanished from the registry")),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = stop.changed() => return,
+            done = modules.get_or_compile(&sha256, load) => match done {
+                Ok(_) => compiled += 1,
+                Err(e) => tracing::debug!(%sha256, error = %e, "compiling ahead failed"),
+            },
+        }
+    }
+    if compiled > 0 {
+        let ms = started.elapsed().as_millis() as u64;
+        tracing::info!(modules = compiled, ms, "compiled the active modules ahead");
     }
 }
 

@@ -140,8 +140,8 @@ pub use maintenance::{
     Retention, PARTITIONS_AHEAD_DAYS,
 };
 pub use modules::{
-    activate_version, list_versions, module_bytes, register_module, ModuleSettings, ModuleVersion,
-    Registered,
+    activate_version, active_module_shas, list_versions, module_bytes, register_module,
+    ModuleSettings, ModuleVersion, Registered,
 };
 pub use notify::{CancelRequest, Wakeups, CANCEL_CHANNEL, NOTIFY_CHANNEL};
 pub use pooler::{Conn, Connects};

@@ -164,6 +164,18 @@ pub async fn module_bytes<'c, E: PgExecutor<'c>>(
     Ok(sqlx::query_scalar(MODULE_BYTES).bind(sha256).fetch_optional(executor).await?)
 }
 
+/// The sha256 of up to `limit` active modules (of `task_types`, empty: any), most recently
+/// activated first: what a starting runner compiles ahead, so its first tasks do not wait for
+/// a compile.
+pub async fn active_module_shas<'c, E: PgExecutor<'c>>(
+    executor: E,
+    task_types: &[String],
+    limit: usize,
+) -> Result<Vec<String>, QueueError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    Ok(sqlx::query_scalar(ACTIVE_SHAS).bind(task_types).bind(limit).fetch_all(executor).await?)
+}
+
 const INSERT_VERSION: &str = r#"
     with existing as (
         select version from sweep.modules
@@ -245,6 +257,17 @@ const LIST_VERSIONS: &str = r#"
 
 const MODULE_BYTES: &str = r#"select bytes from sweep.modules where sha256 = $1 limit 1"#;
 
+const ACTIVE_SHAS: &str = r#"
+    select m.sha256
+    from sweep.active_modules a
+    join sweep.modules m
+      on m.tenant = a.tenant and m.task_type = a.task_type and m.version = a.version
+    where cardinality($1::text[]) = 0 or a.task_type = any($1::text[])
+    group by m.sha256
+    order by max(a.activated_at) desc
+    limit $2
+"#;
+
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] =
-    statements![INSERT_VERSION, ACTIVATE, LIST_VERSIONS, MODULE_BYTES];
+    statements![INSERT_VERSION, ACTIVATE, LIST_VERSIONS, MODULE_BYTES, ACTIVE_SHAS];
