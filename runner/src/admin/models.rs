@@ -91,9 +91,10 @@ pub(crate) fn has_nul(v: &Value) -> bool {
 pub struct CancelTasksRequest {
     /// Every live task of this task type (of the caller's tenant, or `?tenant=` for the
     /// operator).
+    #[schema(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
     pub task_type: String,
     /// Only tasks in this state: `pending`, `retrying` or `running` (default: all three).
-    #[schema(nullable = false)]
+    #[schema(nullable = false, pattern = "^(pending|retrying|running)$")]
     pub state: Option<String>,
 }
 

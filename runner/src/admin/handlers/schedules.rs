@@ -30,7 +30,9 @@ use crate::queue::{
 #[derive(Debug, utoipa::IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct ScheduleNamePath {
-    /// The schedule's name (unique within its tenant).
+    /// The schedule's name (unique within its tenant): 1 to 128 letters, digits, `.`, `-`, `_`
+    /// and `:`.
+    #[param(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
     pub name: String,
 }
 

@@ -20,7 +20,8 @@ use crate::queue::{self, Tenant};
 #[derive(Debug, utoipa::IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct TenantPath {
-    /// The tenant's name.
+    /// The tenant's name: 1 to 64 letters, digits, `.`, `-` and `_`.
+    #[param(pattern = "^[A-Za-z0-9._-]{1,64}$")]
     pub name: String,
 }
 
