@@ -536,13 +536,7 @@ async fn warm_modules(
     let started = std::time::Instant::now();
     let mut compiled = 0;
     for sha256 in shas {
-        let load = || async {
-            match queue::module_bytes(&store, &sha256).await {
-                Ok(Some(bytes)) => Ok(bytes),
-                Ok(None) => Err(format!("module {sha256} vanished from the registry")),
-                Err(e) => Err(e.to_string()),
-            }
-        };
+        let load = || execute::registered_bytes(&store, &sha256);
         tokio::select! {
             biased;
             _ = stop.changed() => return,

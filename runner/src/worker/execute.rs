@@ -62,15 +62,9 @@ pub(super) async fn execute(
                 let load = || async {
                     let (store, sha256) = (store.clone(), module.sha256.clone());
                     let read =
-                        control.spawn(async move { queue::module_bytes(&store, &sha256).await });
-                    match read.await {
-                        Ok(Ok(Some(bytes))) => Ok(bytes),
-                        Ok(Ok(None)) => {
-                            Err(format!("module {} vanished from the registry", module.sha256))
-                        }
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(e) => Err(format!("reading the module did not finish: {e}")),
-                    }
+                        control.spawn(async move { registered_bytes(&store, &sha256).await });
+                    read.await
+                        .unwrap_or_else(|e| Err(format!("reading the module did not finish: {e}")))
                 };
                 let loaded = tokio::select! {
                     biased;
@@ -111,6 +105,16 @@ pub(super) async fn execute(
     }
     .instrument(span)
     .await
+}
+
+/// The registered bytes of the module with this sha256, or why there are none (the message a
+/// task's failure or a warm-up's log line carries).
+pub(super) async fn registered_bytes(store: &Store, sha256: &str) -> Result<Vec<u8>, String> {
+    match queue::module_bytes(store, sha256).await {
+        Ok(Some(bytes)) => Ok(bytes),
+        Ok(None) => Err(format!("module {sha256} vanished from the registry")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// The report of a task claimed ahead that never got a slot because the runner is stopping:
