@@ -47,7 +47,7 @@ use std::{
     collections::HashMap,
     future::Future,
     sync::{
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex, PoisonError,
     },
     time::Instant,
@@ -207,6 +207,8 @@ impl Worker {
         ));
         let (report_tx, report_rx) = mpsc::unbounded_channel();
         let leases = Arc::new(HeldLeases::default());
+        // Tasks whose reports were written: the vacuum follows the work (see `maintenance`).
+        let reported = Arc::new(AtomicU64::new(0));
         let reach = Arc::new(Reachability::new());
         let reporter = tokio::spawn(report::run(
             report::Reporter {
@@ -215,6 +217,7 @@ impl Worker {
                 config: Arc::clone(&self.config),
                 leases: Arc::clone(&leases),
                 reach: Arc::clone(&reach),
+                reported: Arc::clone(&reported),
             },
             report_rx,
         ));
@@ -231,6 +234,7 @@ impl Worker {
             self.id,
             Arc::clone(&self.config),
             Arc::clone(&reach),
+            Arc::clone(&reported),
             stop_rx.clone(),
         ));
         let in_flight: InFlight = Arc::default();

@@ -13,6 +13,12 @@
 //! capped at `max_ahead` and rounded down, so tasks longer than a claim round trip on every slot
 //! are never claimed ahead.
 //!
+//! A claim goes out once there is room for at least half the buffer (the low-water mark), not
+//! for every task that finishes: a claim's fixed cost in Postgres (the function call, its
+//! statements, the commit) is several times a claimed row's, so claims of one or two tasks at a
+//! time, one per finished task, cost more than the tasks. Half the buffer still arrives before
+//! the other half is used up (the buffer is one round trip's worth of tasks), so no slot waits.
+//!
 //! Invariants:
 //! - at most `concurrency + max_ahead` tasks are held (claimed and not yet reported) through
 //!   fair claims; reservations are taken with compare-and-swap, so concurrent lanes never
@@ -53,6 +59,11 @@ struct Pace {
 }
 
 impl Pace {
+    /// The fewest tasks worth a claim while the buffer is at `ahead`: half of it (at least 1).
+    fn low_water(ahead: usize) -> usize {
+        (ahead / 2).max(1)
+    }
+
     fn ahead(&self, concurrency: usize, max_ahead: usize) -> usize {
         match (self.claim_rtt, self.task_duration) {
             (Some(rtt), Some(task)) => {
@@ -84,9 +95,11 @@ impl Intake {
         self.pace.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// How many tasks this runner may hold now: its slots plus the buffer's current target.
-    pub(super) fn capacity(&self) -> usize {
-        self.concurrency + self.pace().ahead(self.concurrency, self.max_ahead)
+    /// How many tasks this runner may hold now (its slots plus the buffer's current target),
+    /// and the fewest a claim should take (see the low-water mark above).
+    fn bounds(&self) -> (usize, usize) {
+        let ahead = self.pace().ahead(self.concurrency, self.max_ahead);
+        (self.concurrency + ahead, Pace::low_water(ahead))
     }
 
     /// Tasks claimed and not yet reported (running or buffered).
@@ -94,12 +107,14 @@ impl Intake {
         self.held.load(Ordering::Acquire)
     }
 
-    /// Whether a fair claim could take anything now.
+    /// Whether a fair claim would go out now (room for at least the low-water mark).
     pub(super) fn has_room(&self) -> bool {
-        self.held() < self.capacity()
+        let (capacity, low_water) = self.bounds();
+        capacity.saturating_sub(self.held()) >= low_water
     }
 
-    /// Reserves room for up to `most` tasks, waiting until there is room for at least one.
+    /// Reserves room for up to `most` tasks, waiting until there is room for at least the
+    /// low-water mark (or `most`, when smaller).
     pub(super) async fn reserve(self: &Arc<Self>, most: usize) -> Reservation {
         loop {
             let notified = self.room.notified();
@@ -113,11 +128,12 @@ impl Intake {
     }
 
     fn try_reserve(self: &Arc<Self>, most: usize) -> Option<Reservation> {
-        let capacity = self.capacity();
+        let (capacity, low_water) = self.bounds();
+        let least = low_water.min(most).max(1);
         let mut held = self.held.load(Ordering::Acquire);
         loop {
             let take = capacity.saturating_sub(held).min(most);
-            if take == 0 {
+            if take < least {
                 return None;
             }
             match self.held.compare_exchange_weak(
@@ -230,6 +246,29 @@ mod tests {
         // 1 s tasks: none.
         assert_eq!(pace(0.002, 1.0).ahead(16, 50), 0);
         assert_eq!(Pace::default().ahead(16, 50), 0);
+    }
+
+    #[tokio::test]
+    async fn with_a_buffer_claims_wait_for_room_for_half_of_it() {
+        let intake = Intake::new(4, 10);
+        // 4 slots, 1 ms claims, 0.1 ms tasks: a buffer of 10, claims of at least 5.
+        intake.claimed_in(Duration::from_millis(1));
+        intake.pace().task_duration = Some(0.000_1);
+        let mut held = intake.try_reserve(100).expect("room");
+        assert_eq!(held.len(), 14);
+        // Three tasks done: room for 3, under the low-water mark of 5.
+        let done: Vec<Ticket> = (0..3).filter_map(|_| held.take_one()).collect();
+        drop(done);
+        assert!(!intake.has_room());
+        assert!(intake.try_reserve(100).is_none());
+        // Two more: room for 5, a claim goes out.
+        drop(held.take_one());
+        drop(held.take_one());
+        assert!(intake.has_room());
+        assert_eq!(intake.try_reserve(100).expect("room").len(), 5);
+        // A claim asking for fewer than the mark still gets them.
+        drop(held.take_one());
+        assert_eq!(intake.try_reserve(1).expect("room").len(), 1);
     }
 
     #[tokio::test]

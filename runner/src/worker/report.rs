@@ -21,7 +21,10 @@
 
 use std::{
     collections::VecDeque,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -68,6 +71,8 @@ pub(super) struct Reporter {
     pub(super) config: Arc<WorkerConfig>,
     pub(super) leases: Arc<HeldLeases>,
     pub(super) reach: Arc<Reachability>,
+    /// Tasks whose reports were written (completions, failures, hand-backs).
+    pub(super) reported: Arc<AtomicU64>,
 }
 
 pub(super) async fn run(reporter: Reporter, mut reports: mpsc::UnboundedReceiver<Report>) {
@@ -159,6 +164,7 @@ impl Reporter {
             }
             if let Some(done) = pending.groups.pop_front() {
                 done.writes.release(&self.leases);
+                self.reported.fetch_add(done.writes.len() as u64, Ordering::Relaxed);
             }
         }
         Ok(())
