@@ -137,9 +137,10 @@ pub struct WorkerArgs {
     /// Allocate instances on demand instead of from a pre-reserved pool.
     #[arg(long, env = "SWEEP_NO_POOLING")]
     pub no_pooling: bool,
-    /// Vacuum the live task table this often, in milliseconds (0: leave it to autovacuum).
-    /// The table only holds live work, so this is cheap, and it keeps claims from walking
-    /// past the index entries of tasks that already ran.
+    /// Vacuum the live task table at least this often, in milliseconds (0: leave it to
+    /// autovacuum); sooner, after every 5,000 tasks this runner reported. The table only holds
+    /// live work, so this is cheap, and it keeps claims from walking past the index entries of
+    /// tasks that already ran.
     #[arg(long, env = "SWEEP_VACUUM_MS", default_value_t = crate::config::DEFAULT_VACUUM_INTERVAL.as_millis() as u64)]
     pub vacuum_ms: u64,
     /// How often the reaper looks for expired leases, in milliseconds.

@@ -8,12 +8,17 @@ use crate::{queue::RetryPolicy, sandbox::SandboxConfig};
 pub const DEFAULT_CONCURRENCY: usize = 16;
 /// Instances beyond `concurrency` that let a queue with nothing running start at once.
 pub const DEFAULT_SPARE_SLOTS: usize = 4;
-pub const DEFAULT_BATCH_SIZE: usize = 50;
+/// Most tasks one claim statement takes. A claim's fixed cost in Postgres is several times a
+/// claimed row's, so large claims are what keeps Postgres's CPU per task low; claims only get
+/// this large when the claim-ahead buffer is (short tasks), see `worker::intake`.
+pub const DEFAULT_BATCH_SIZE: usize = 250;
 /// Claim statements a runner keeps in flight at once.
 pub const DEFAULT_CLAIMERS: usize = 2;
 /// Most tasks claimed ahead of free slots (the buffer's size adapts below it, see
-/// `worker::intake`).
-pub const DEFAULT_MAX_AHEAD: usize = 50;
+/// `worker::intake`: never more than the slots finish in one claim round trip, so a larger cap
+/// only matters for tasks much shorter than a round trip). Measured on 2 cores, empty guest:
+/// 50 -> 15,400-16,700 tasks/s, 200 -> 19,500-20,000, 1,000 (with claims of 250) -> 27,800.
+pub const DEFAULT_MAX_AHEAD: usize = 1000;
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(10);
