@@ -390,8 +390,14 @@ impl Worker {
         }
         let count = claimed.len() as u64;
         metrics::counter!(crate::metrics::TASKS_CLAIMED).increment(count);
-        if claimed.len() == want && (want == self.config.batch_size || mode == ClaimMode::Starved) {
-            // A full batch: more is probably due; let an idle lane start claiming too.
+        // A full batch: more is probably due; let an idle lane start claiming too. After a fair
+        // claim, only when there is room for another: otherwise the woken lane would send a
+        // spare-slot claim (the general statement, the costly one) for queues already running.
+        let more = match mode {
+            ClaimMode::Fair => want == self.config.batch_size && lane.intake.has_room(),
+            ClaimMode::Starved => true,
+        };
+        if claimed.len() == want && more {
             lane.wakeups.wake();
         }
         let mut seats = seats.split(claimed.len());
