@@ -254,7 +254,8 @@ impl Worker {
             stop_rx.clone(),
         ));
 
-        let intake = Intake::new(self.config.concurrency, self.config.max_ahead);
+        let intake =
+            Intake::new(self.config.concurrency, self.config.max_ahead, self.config.batch_size);
         let slots = Arc::new(Semaphore::new(self.config.concurrency));
         let spare = Arc::new(Semaphore::new(self.config.spare_slots));
         let fair_claims = Arc::new(AtomicUsize::new(0));

@@ -26,7 +26,9 @@
 //! - a buffered task holds its lease like a running one (the heartbeat renews it) and is handed
 //!   back, uncounted, if the runner stops before it started;
 //! - `held` only goes down through [`Intake::finished`] or a reservation's drop, each once per
-//!   task, and every decrement wakes the lanes waiting for room.
+//!   task, and a decrement that leaves room for a claim (the low-water mark) or nothing held
+//!   wakes the lanes waiting for room; room only grows there, so no lane that could claim
+//!   sleeps through it.
 
 use std::{
     sync::{
@@ -46,6 +48,8 @@ const SMOOTHING: f64 = 0.2;
 pub(super) struct Intake {
     concurrency: usize,
     max_ahead: usize,
+    /// Most tasks one claim takes.
+    batch: usize,
     held: AtomicUsize,
     room: Notify,
     pace: Mutex<Pace>,
@@ -59,9 +63,10 @@ struct Pace {
 }
 
 impl Pace {
-    /// The fewest tasks worth a claim while the buffer is at `ahead`: half of it (at least 1).
-    fn low_water(ahead: usize) -> usize {
-        (ahead / 2).max(1)
+    /// The fewest tasks worth a claim while the buffer is at `ahead`: half of it, at least 1
+    /// and at most a claim's `batch`.
+    fn low_water(ahead: usize, batch: usize) -> usize {
+        (ahead / 2).min(batch).max(1)
     }
 
     fn ahead(&self, concurrency: usize, max_ahead: usize) -> usize {
@@ -81,10 +86,11 @@ fn smooth(average: &mut Option<f64>, sample: f64) {
 }
 
 impl Intake {
-    pub(super) fn new(concurrency: usize, max_ahead: usize) -> Arc<Self> {
+    pub(super) fn new(concurrency: usize, max_ahead: usize, batch: usize) -> Arc<Self> {
         Arc::new(Intake {
             concurrency,
             max_ahead,
+            batch,
             held: AtomicUsize::new(0),
             room: Notify::new(),
             pace: Mutex::new(Pace::default()),
@@ -99,7 +105,7 @@ impl Intake {
     /// and the fewest a claim should take (see the low-water mark above).
     fn bounds(&self) -> (usize, usize) {
         let ahead = self.pace().ahead(self.concurrency, self.max_ahead);
-        (self.concurrency + ahead, Pace::low_water(ahead))
+        (self.concurrency + ahead, Pace::low_water(ahead, self.batch))
     }
 
     /// Tasks claimed and not yet reported (running or buffered).
@@ -163,8 +169,17 @@ impl Intake {
     }
 
     fn release(&self, n: usize) {
-        if n > 0 {
-            self.held.fetch_sub(n, Ordering::AcqRel);
+        if n == 0 {
+            return;
+        }
+        let held = self.held.fetch_sub(n, Ordering::AcqRel) - n;
+        // Wake the lanes only when one of them would claim now (or for `drained`): a wake per
+        // finished task would unpark a thread of the control runtime per task, for a lane that
+        // looks and goes back to sleep. Room only grows here, so no lane that could claim
+        // misses its wake-up (one that finds room after a pace change is the lane that just
+        // claimed, which looks again itself).
+        let (capacity, low_water) = self.bounds();
+        if held == 0 || capacity.saturating_sub(held) >= low_water {
             self.room.notify_waiters();
         }
     }
@@ -250,7 +265,7 @@ mod tests {
 
     #[tokio::test]
     async fn with_a_buffer_claims_wait_for_room_for_half_of_it() {
-        let intake = Intake::new(4, 10);
+        let intake = Intake::new(4, 10, 50);
         // 4 slots, 1 ms claims, 0.1 ms tasks: a buffer of 10, claims of at least 5.
         intake.claimed_in(Duration::from_millis(1));
         intake.pace().task_duration = Some(0.000_1);
@@ -273,7 +288,7 @@ mod tests {
 
     #[tokio::test]
     async fn reservations_never_exceed_capacity_and_give_back_what_they_do_not_use() {
-        let intake = Intake::new(4, 0);
+        let intake = Intake::new(4, 0, 50);
         let mut a = intake.try_reserve(3).expect("room");
         assert_eq!(a.len(), 3);
         let b = intake.try_reserve(3).expect("room for one");
@@ -289,8 +304,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_waiting_claim_gets_room_once_the_low_water_mark_is_free() {
+        let intake = Intake::new(4, 10, 50);
+        intake.claimed_in(Duration::from_millis(1));
+        intake.pace().task_duration = Some(0.000_1);
+        // 14 held: the 4 slots and a buffer of 10; claims take at least 5.
+        let mut held = intake.try_reserve(100).expect("room");
+        let mut tickets: Vec<Ticket> = (0..14).filter_map(|_| held.take_one()).collect();
+        let waiter = tokio::spawn({
+            let intake = Arc::clone(&intake);
+            async move { intake.reserve(100).await.len() }
+        });
+        tokio::task::yield_now().await;
+        for _ in 0..4 {
+            drop(tickets.pop());
+            tokio::task::yield_now().await;
+            assert!(!waiter.is_finished(), "a claim for fewer than 5 went out");
+        }
+        // The release that frees the fifth place must wake it (a bound, not a verdict: without
+        // the wake-up the test would hang).
+        drop(tickets.pop());
+        let woken = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+        assert_eq!(woken.expect("the waiting claim was never woken").expect("joined"), 5);
+    }
+
+    #[tokio::test]
     async fn a_waiting_reservation_is_woken_when_a_task_finishes() {
-        let intake = Intake::new(1, 0);
+        let intake = Intake::new(1, 0, 50);
         let ticket = intake.try_reserve(1).expect("room").take_one().expect("a place");
         let waiter = tokio::spawn({
             let intake = Arc::clone(&intake);
