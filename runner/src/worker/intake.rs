@@ -35,7 +35,7 @@ use std::{
         atomic::{AtomicUsize, Ordering},
         Arc, Mutex, PoisonError,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use tokio::sync::Notify;
@@ -55,11 +55,47 @@ pub(super) struct Intake {
     pace: Mutex<Pace>,
 }
 
-/// Running averages, in seconds (`None` until the first sample).
+/// How long a finished task's duration counts in the mean: a sample weighs
+/// `exp(-age / DURATION_MEMORY)`, in seconds of wall clock, not in samples.
+const DURATION_MEMORY: f64 = 5.0;
+
+/// What the runner observed, in seconds (`None` until the first sample).
 #[derive(Debug, Default)]
 struct Pace {
+    /// Running average of recent claims.
     claim_rtt: Option<f64>,
-    task_duration: Option<f64>,
+    durations: Durations,
+}
+
+/// The mean duration of the tasks that finished in about the last [`DURATION_MEMORY`] seconds.
+///
+/// Why decayed by time and not per sample: with long and short tasks mixed (a flood of 2 s
+/// tasks beside a trickle of 1 ms ones), hundreds of short tasks finish between two long ones,
+/// and a per-sample average forgets the long ones within a few samples. The buffer then fills
+/// with long tasks that wait seconds for a slot while other runners could run them.
+#[derive(Debug, Default)]
+struct Durations {
+    sum: f64,
+    weight: f64,
+    at: Option<Instant>,
+}
+
+impl Durations {
+    fn add(&mut self, seconds: f64, now: Instant) {
+        if let Some(at) = self.at {
+            let age = now.saturating_duration_since(at).as_secs_f64();
+            let keep = (-age / DURATION_MEMORY).exp();
+            self.sum *= keep;
+            self.weight *= keep;
+        }
+        self.sum += seconds;
+        self.weight += 1.0;
+        self.at = Some(now);
+    }
+
+    fn mean(&self) -> Option<f64> {
+        (self.weight > 0.0).then(|| self.sum / self.weight)
+    }
 }
 
 impl Pace {
@@ -70,7 +106,7 @@ impl Pace {
     }
 
     fn ahead(&self, concurrency: usize, max_ahead: usize) -> usize {
-        match (self.claim_rtt, self.task_duration) {
+        match (self.claim_rtt, self.durations.mean()) {
             (Some(rtt), Some(task)) => {
                 let finished_per_claim = concurrency as f64 * rtt / task.max(1e-6);
                 (finished_per_claim.floor() as usize).min(max_ahead)
@@ -163,7 +199,7 @@ impl Intake {
     /// started, e.g. handed back at shutdown).
     fn finished(&self, ran_for: Option<Duration>) {
         if let Some(d) = ran_for {
-            smooth(&mut self.pace().task_duration, d.as_secs_f64());
+            self.pace().durations.add(d.as_secs_f64(), Instant::now());
         }
         self.release(1);
     }
@@ -253,7 +289,11 @@ mod tests {
 
     #[test]
     fn short_tasks_buffer_up_to_the_cap_and_long_ones_not_at_all() {
-        let pace = |rtt: f64, task: f64| Pace { claim_rtt: Some(rtt), task_duration: Some(task) };
+        let pace = |rtt: f64, task: f64| {
+            let mut durations = Durations::default();
+            durations.add(task, Instant::now());
+            Pace { claim_rtt: Some(rtt), durations }
+        };
         // 16 slots, 2 ms claims, 50 us tasks: 640 would finish per claim; capped at 50.
         assert_eq!(pace(0.002, 0.000_05).ahead(16, 50), 50);
         // 10 ms tasks: 3.2 finish per claim.
@@ -263,12 +303,31 @@ mod tests {
         assert_eq!(Pace::default().ahead(16, 50), 0);
     }
 
+    #[test]
+    fn long_tasks_among_many_short_ones_keep_the_buffer_empty() {
+        let start = Instant::now();
+        let mut pace = Pace { claim_rtt: Some(0.002), durations: Durations::default() };
+        // A 2 s task finished, then 300 tasks of 0.1 ms over the next second: per sample, the
+        // long one would be forgotten; over the last seconds the mean is still ~6 ms.
+        pace.durations.add(2.0, start);
+        for i in 1..=300 {
+            pace.durations.add(0.000_1, start + Duration::from_millis(i * 3));
+        }
+        assert_eq!(pace.ahead(16, 1000), 5);
+        // Half a minute later, short tasks only: the long one is all but forgotten (320 with no
+        // trace of it at all).
+        for i in 1..=300 {
+            pace.durations.add(0.000_1, start + Duration::from_secs(30) + Duration::from_millis(i));
+        }
+        assert_eq!(pace.ahead(16, 1000), 275);
+    }
+
     #[tokio::test]
     async fn with_a_buffer_claims_wait_for_room_for_half_of_it() {
         let intake = Intake::new(4, 10, 50);
         // 4 slots, 1 ms claims, 0.1 ms tasks: a buffer of 10, claims of at least 5.
         intake.claimed_in(Duration::from_millis(1));
-        intake.pace().task_duration = Some(0.000_1);
+        intake.pace().durations.add(0.000_1, Instant::now());
         let mut held = intake.try_reserve(100).expect("room");
         assert_eq!(held.len(), 14);
         // Three tasks done: room for 3, under the low-water mark of 5.
@@ -307,7 +366,7 @@ mod tests {
     async fn a_waiting_claim_gets_room_once_the_low_water_mark_is_free() {
         let intake = Intake::new(4, 10, 50);
         intake.claimed_in(Duration::from_millis(1));
-        intake.pace().task_duration = Some(0.000_1);
+        intake.pace().durations.add(0.000_1, Instant::now());
         // 14 held: the 4 slots and a buffer of 10; claims take at least 5.
         let mut held = intake.try_reserve(100).expect("room");
         let mut tickets: Vec<Ticket> = (0..14).filter_map(|_| held.take_one()).collect();
