@@ -9,9 +9,9 @@
 //! slot while another runner could have started it, so the buffer shrinks to nothing.
 //!
 //! The buffer's target is the number of tasks the runner's slots finish during one claim round
-//! trip: `concurrency x claim_rtt / task_duration` (both averaged over recent claims and tasks),
-//! capped at `max_ahead` and rounded down, so tasks longer than a claim round trip on every slot
-//! are never claimed ahead.
+//! trip: `concurrency x claim_rtt / task_duration` (round trips averaged over recent claims,
+//! durations over the tasks that finished in about the last 5 s), capped at `max_ahead` and
+//! rounded down, so tasks longer than a claim round trip on every slot are never claimed ahead.
 //!
 //! A claim goes out once there is room for at least half the buffer (the low-water mark), not
 //! for every task that finishes: a claim's fixed cost in Postgres (the function call, its
@@ -322,12 +322,17 @@ mod tests {
         assert_eq!(pace.ahead(16, 1000), 275);
     }
 
-    #[tokio::test]
-    async fn with_a_buffer_claims_wait_for_room_for_half_of_it() {
+    /// 4 slots, 1 ms claims, 0.1 ms tasks: a buffer of 10, claims of at least 5.
+    fn buffered_intake() -> Arc<Intake> {
         let intake = Intake::new(4, 10, 50);
-        // 4 slots, 1 ms claims, 0.1 ms tasks: a buffer of 10, claims of at least 5.
         intake.claimed_in(Duration::from_millis(1));
         intake.pace().durations.add(0.000_1, Instant::now());
+        intake
+    }
+
+    #[tokio::test]
+    async fn with_a_buffer_claims_wait_for_room_for_half_of_it() {
+        let intake = buffered_intake();
         let mut held = intake.try_reserve(100).expect("room");
         assert_eq!(held.len(), 14);
         // Three tasks done: room for 3, under the low-water mark of 5.
@@ -364,9 +369,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiting_claim_gets_room_once_the_low_water_mark_is_free() {
-        let intake = Intake::new(4, 10, 50);
-        intake.claimed_in(Duration::from_millis(1));
-        intake.pace().durations.add(0.000_1, Instant::now());
+        let intake = buffered_intake();
         // 14 held: the 4 slots and a buffer of 10; claims take at least 5.
         let mut held = intake.try_reserve(100).expect("room");
         let mut tickets: Vec<Ticket> = (0..14).filter_map(|_| held.take_one()).collect();
