@@ -59,6 +59,15 @@ pub(super) struct Intake {
 /// `exp(-age / DURATION_MEMORY)`, in seconds of wall clock, not in samples.
 const DURATION_MEMORY: f64 = 5.0;
 
+/// Time constant of the finish rate: finishes count with weight `exp(-age / RATE_MEMORY)`.
+const RATE_MEMORY: f64 = 0.5;
+
+/// The buffer never holds more than the runner finished in about this long, whatever the
+/// durations say: a flood of a new task type, claimed while the runner had only seen a
+/// trickle of short tasks, is then not claimed ahead by the hundred before the first of its
+/// tasks finishes and shows how long they take.
+const AHEAD_HORIZON: f64 = 0.2;
+
 /// What the runner observed, in seconds (`None` until the first sample).
 #[derive(Debug, Default)]
 struct Pace {
@@ -73,10 +82,15 @@ struct Pace {
 /// tasks beside a trickle of 1 ms ones), hundreds of short tasks finish between two long ones,
 /// and a per-sample average forgets the long ones within a few samples. The buffer then fills
 /// with long tasks that wait seconds for a slot while other runners could run them.
+///
+/// Beside it, the finish rate: finishes counted with a half-second memory.
 #[derive(Debug, Default)]
 struct Durations {
     sum: f64,
     weight: f64,
+    /// Finishes, decayed with [`RATE_MEMORY`].
+    recent: f64,
+    first: Option<Instant>,
     at: Option<Instant>,
 }
 
@@ -87,14 +101,29 @@ impl Durations {
             let keep = (-age / DURATION_MEMORY).exp();
             self.sum *= keep;
             self.weight *= keep;
+            self.recent *= (-age / RATE_MEMORY).exp();
         }
         self.sum += seconds;
         self.weight += 1.0;
+        self.recent += 1.0;
+        self.first.get_or_insert(now);
         self.at = Some(now);
     }
 
     fn mean(&self) -> Option<f64> {
         (self.weight > 0.0).then(|| self.sum / self.weight)
+    }
+
+    /// Tasks finished per second lately, as of `now`. A steady rate `r` for `T` seconds leaves
+    /// `recent = r * RATE_MEMORY * (1 - exp(-T / RATE_MEMORY))`; dividing by that factor
+    /// makes the first fraction of a second count in full.
+    fn rate(&self, now: Instant) -> f64 {
+        let (Some(first), Some(at)) = (self.first, self.at) else { return 0.0 };
+        let since = |t: Instant| now.saturating_duration_since(t).as_secs_f64();
+        let filled = RATE_MEMORY * (1.0 - (-since(first) / RATE_MEMORY).exp());
+        let recent = self.recent * (-since(at) / RATE_MEMORY).exp();
+        // At least 10 ms: the first finishes of a runner are not a rate yet.
+        recent / filled.max(0.01)
     }
 }
 
@@ -105,11 +134,12 @@ impl Pace {
         (ahead / 2).min(batch).max(1)
     }
 
-    fn ahead(&self, concurrency: usize, max_ahead: usize) -> usize {
+    fn ahead(&self, concurrency: usize, max_ahead: usize, now: Instant) -> usize {
         match (self.claim_rtt, self.durations.mean()) {
             (Some(rtt), Some(task)) => {
                 let finished_per_claim = concurrency as f64 * rtt / task.max(1e-6);
-                (finished_per_claim.floor() as usize).min(max_ahead)
+                let finished_lately = self.durations.rate(now) * AHEAD_HORIZON;
+                (finished_per_claim.min(finished_lately).floor() as usize).min(max_ahead)
             }
             // Nothing known yet: claim for the free slots only.
             _ => 0,
@@ -140,7 +170,7 @@ impl Intake {
     /// How many tasks this runner may hold now (its slots plus the buffer's current target),
     /// and the fewest a claim should take (see the low-water mark above).
     fn bounds(&self) -> (usize, usize) {
-        let ahead = self.pace().ahead(self.concurrency, self.max_ahead);
+        let ahead = self.pace().ahead(self.concurrency, self.max_ahead, Instant::now());
         (self.concurrency + ahead, Pace::low_water(ahead, self.batch))
     }
 
@@ -289,18 +319,15 @@ mod tests {
 
     #[test]
     fn short_tasks_buffer_up_to_the_cap_and_long_ones_not_at_all() {
-        let pace = |rtt: f64, task: f64| {
-            let mut durations = Durations::default();
-            durations.add(task, Instant::now());
-            Pace { claim_rtt: Some(rtt), durations }
-        };
-        // 16 slots, 2 ms claims, 50 us tasks: 640 would finish per claim; capped at 50.
-        assert_eq!(pace(0.002, 0.000_05).ahead(16, 50), 50);
+        let now = Instant::now();
+        let pace =
+            |rtt: f64, task: f64| Pace { claim_rtt: Some(rtt), durations: steady(task, now) };
+        assert_eq!(pace(0.002, 0.000_05).ahead(16, 50, now), 50);
         // 10 ms tasks: 3.2 finish per claim.
-        assert_eq!(pace(0.002, 0.01).ahead(16, 50), 3);
+        assert_eq!(pace(0.002, 0.01).ahead(16, 50, now), 3);
         // 1 s tasks: none.
-        assert_eq!(pace(0.002, 1.0).ahead(16, 50), 0);
-        assert_eq!(Pace::default().ahead(16, 50), 0);
+        assert_eq!(pace(0.002, 1.0).ahead(16, 50, now), 0);
+        assert_eq!(Pace::default().ahead(16, 50, now), 0);
     }
 
     #[test]
@@ -313,21 +340,44 @@ mod tests {
         for i in 1..=300 {
             pace.durations.add(0.000_1, start + Duration::from_millis(i * 3));
         }
-        assert_eq!(pace.ahead(16, 1000), 5);
-        // Half a minute later, short tasks only: the long one is all but forgotten (320 with no
-        // trace of it at all).
+        assert_eq!(pace.ahead(16, 1000, start + Duration::from_millis(900)), 5);
+        // Half a minute later, short tasks only: the long one is all but forgotten.
         for i in 1..=300 {
             pace.durations.add(0.000_1, start + Duration::from_secs(30) + Duration::from_millis(i));
         }
-        assert_eq!(pace.ahead(16, 1000), 275);
+        let mean = pace.durations.mean().expect("a mean");
+        assert!(mean < 0.000_12, "mean {mean}");
     }
 
-    /// 4 slots, 1 ms claims, 0.1 ms tasks: a buffer of 10, claims of at least 5.
+    /// A task of `seconds` finished every millisecond for the second before `now`.
+    fn steady(seconds: f64, now: Instant) -> Durations {
+        let mut durations = Durations::default();
+        for ms in (0..1000).rev() {
+            durations.add(seconds, now - Duration::from_millis(ms));
+        }
+        durations
+    }
+
+    /// 4 slots, 1 ms claims, 0.1 ms tasks finishing 1,000 a second: a buffer of 10, claims of
+    /// at least 5.
     fn buffered_intake() -> Arc<Intake> {
         let intake = Intake::new(4, 10, 50);
         intake.claimed_in(Duration::from_millis(1));
-        intake.pace().durations.add(0.000_1, Instant::now());
+        intake.pace().durations = steady(0.000_1, Instant::now());
         intake
+    }
+
+    #[test]
+    fn the_buffer_holds_no_more_than_the_runner_finished_lately() {
+        let start = Instant::now();
+        let mut pace = Pace { claim_rtt: Some(0.002), durations: Durations::default() };
+        // A trickle of 0.1 ms tasks, 50 a second for 2 s: by duration alone 320 ahead, but
+        // 200 ms of this runner's work is about 10 tasks.
+        for i in 0..100 {
+            pace.durations.add(0.000_1, start + Duration::from_millis(20 * i));
+        }
+        let ahead = pace.ahead(16, 1000, start + Duration::from_millis(1990));
+        assert!((8..=11).contains(&ahead), "ahead {ahead}");
     }
 
     #[tokio::test]
