@@ -10,8 +10,10 @@
 //!
 //! The buffer's target is the number of tasks the runner's slots finish during one claim round
 //! trip: `concurrency x claim_rtt / task_duration` (round trips averaged over recent claims,
-//! durations over the tasks that finished in about the last 5 s), capped at `max_ahead` and
-//! rounded down, so tasks longer than a claim round trip on every slot are never claimed ahead.
+//! durations over the tasks that finished in about the last 5 s), capped at `max_ahead` and at
+//! what the runner finished in the last 200 ms, rounded down, so tasks longer than a claim round
+//! trip on every slot are never claimed ahead, and neither is a flood of a task type the runner
+//! has not seen finish yet.
 //!
 //! A claim goes out once there is room for at least half the buffer (the low-water mark), not
 //! for every task that finishes: a claim's fixed cost in Postgres (the function call, its
