@@ -172,7 +172,11 @@ impl Intake {
     /// How many tasks this runner may hold now (its slots plus the buffer's current target),
     /// and the fewest a claim should take (see the low-water mark above).
     fn bounds(&self) -> (usize, usize) {
-        let ahead = self.pace().ahead(self.concurrency, self.max_ahead, Instant::now());
+        self.bounds_of(&self.pace(), Instant::now())
+    }
+
+    fn bounds_of(&self, pace: &Pace, now: Instant) -> (usize, usize) {
+        let ahead = pace.ahead(self.concurrency, self.max_ahead, now);
         (self.concurrency + ahead, Pace::low_water(ahead, self.batch))
     }
 
@@ -230,23 +234,32 @@ impl Intake {
     /// One held task is reported; `ran_for` is how long its guest ran (`None`: it never
     /// started, e.g. handed back at shutdown).
     fn finished(&self, ran_for: Option<Duration>) {
-        if let Some(d) = ran_for {
-            self.pace().durations.add(d.as_secs_f64(), Instant::now());
-        }
-        self.release(1);
+        // One lock and one clock read per task: the sample and the bounds it leads to.
+        let now = Instant::now();
+        let bounds = {
+            let mut pace = self.pace();
+            if let Some(d) = ran_for {
+                pace.durations.add(d.as_secs_f64(), now);
+            }
+            self.bounds_of(&pace, now)
+        };
+        self.release_within(1, bounds);
     }
 
     fn release(&self, n: usize) {
-        if n == 0 {
-            return;
+        if n > 0 {
+            self.release_within(n, self.bounds());
         }
+    }
+
+    /// Gives back `n` places, `bounds` being the capacity and low-water mark as of now.
+    fn release_within(&self, n: usize, (capacity, low_water): (usize, usize)) {
         let held = self.held.fetch_sub(n, Ordering::AcqRel) - n;
         // Wake the lanes only when one of them would claim now (or for `drained`): a wake per
         // finished task would unpark a thread of the control runtime per task, for a lane that
         // looks and goes back to sleep. Room only grows here, so no lane that could claim
         // misses its wake-up (one that finds room after a pace change is the lane that just
         // claimed, which looks again itself).
-        let (capacity, low_water) = self.bounds();
         if held == 0 || capacity.saturating_sub(held) >= low_water {
             self.room.notify_waiters();
         }
@@ -324,6 +337,8 @@ mod tests {
         let now = Instant::now();
         let pace =
             |rtt: f64, task: f64| Pace { claim_rtt: Some(rtt), durations: steady(task, now) };
+        // 16 slots, 2 ms claims, 50 us tasks: 640 would finish per claim (and 200 finished in
+        // the last 200 ms); capped at 50.
         assert_eq!(pace(0.002, 0.000_05).ahead(16, 50, now), 50);
         // 10 ms tasks: 3.2 finish per claim.
         assert_eq!(pace(0.002, 0.01).ahead(16, 50, now), 3);

@@ -13,7 +13,7 @@ use std::{
     future::Future,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc,
+        Arc, Mutex, MutexGuard, PoisonError,
     },
     time::{Duration, Instant},
 };
@@ -99,27 +99,22 @@ pub(super) async fn run(
             }
         }
     });
-    let mut vacuum_stop = stop.clone();
+    // Read and written between awaits only, never held across one.
+    let vacuum_pace = Mutex::new(VacuumPace::new(reported.load(Ordering::Relaxed)));
     let vacuum = async {
         let Some(interval) = m.vacuum_interval else { return };
-        let mut pace = VacuumPace::new(reported.load(Ordering::Relaxed));
-        let mut check = tokio::time::interval(interval.min(VACUUM_CHECK));
-        check.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = check.tick() => {}
-                _ = vacuum_stop.changed() => return,
-            }
+        every(interval.min(VACUUM_CHECK), stop.clone(), || async {
             let now_reported = reported.load(Ordering::Relaxed);
-            if !pace.due(now_reported, interval) {
-                continue;
+            if !lock(&vacuum_pace).due(now_reported, interval) {
+                return;
             }
             let started = Instant::now();
             if let Err(e) = queue::vacuum_live(&store).await {
                 tracing::warn!(error = %e, "vacuuming the task table failed");
             }
-            pace.vacuumed(now_reported, started);
-        }
+            lock(&vacuum_pace).vacuumed(now_reported, started);
+        })
+        .await
     };
     let retention = every(m.retention_interval, stop.clone(), || async {
         loop {
@@ -188,6 +183,10 @@ impl VacuumPace {
         self.last = Instant::now();
         self.reported_then = reported;
     }
+}
+
+fn lock(pace: &Mutex<VacuumPace>) -> MutexGuard<'_, VacuumPace> {
+    pace.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Calls `tick` every `period` until `stop` turns true.
