@@ -39,8 +39,14 @@ async fn cancel_answers_which_way_it_went(_: PgPoolOptions, db: PgConnectOptions
     api.post(&cancel, g, &json!({})).await.expect(404, "not_found");
     let asked = api.post(&cancel, a, &json!({})).await;
     let body = asked.ok(202);
-    assert_eq!(body["state"], "running", "{body}");
-    assert!(body["cancel_requested_at"].is_string(), "{body}");
+    // The body is the task read right after the cancel: its runner may have stopped it and
+    // reported before that read (a stop takes well under a millisecond), so it shows either
+    // the request on the running task or the attempt it ended.
+    match body["state"].as_str() {
+        Some("running") => assert!(body["cancel_requested_at"].is_string(), "{body}"),
+        Some("cancelled") => assert!(body["errors"][0]["requested_at"].is_string(), "{body}"),
+        _ => panic!("202 with a task neither running nor cancelled: {body}"),
+    }
     let ended = wait_ended(&pool, nap).await;
     assert_eq!(ended.state, TaskState::Cancelled);
     let shown = api.get(&format!("/v1/tasks/{nap}"), a).await;
