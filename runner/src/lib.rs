@@ -5,8 +5,10 @@
 //! - [`worker`]: the runner loop (claim -> run -> report), heartbeats, maintenance, shutdown.
 //! - [`admin`]: the HTTP admin API (warp): modules, tasks, tenants, stats, metrics.
 //! - [`config`]: runner settings with defaults and cross-checks; [`args`]: their flags.
+//! - [`alloc`]: the binaries' global allocator (mimalloc; the system one in the compile child).
 
 pub mod admin;
+pub mod alloc;
 pub mod args;
 pub mod config;
 mod errors;

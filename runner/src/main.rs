@@ -6,6 +6,9 @@ mod cli;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+#[global_allocator]
+static GLOBAL: sweep::alloc::RoleAllocator = sweep::alloc::RoleAllocator;
+
 fn main() -> anyhow::Result<()> {
     let args = cli::Cli::parse();
     // A compiler child: no runtime, no tracing; its limits go on before anything else.

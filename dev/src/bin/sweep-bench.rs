@@ -4,6 +4,10 @@
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+// The product's allocator, so the runner this hosts measures as `sweep run` does.
+#[global_allocator]
+static GLOBAL: sweep::alloc::RoleAllocator = sweep::alloc::RoleAllocator;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = sweep_dev::bench::BenchArgs::parse();
