@@ -5,8 +5,8 @@
 //!
 //! Why mimalloc: a runner allocates and frees a few hundred small blocks per task (the claimed
 //! row, the store, the WASI context, the report). Drains of the Rust SDK guest alternated with
-//! the system allocator: runner CPU per task 19.3-19.6 µs against 22.2-23.0 µs, 40,500-41,600
-//! against 37,700-38,200 tasks/s (benches/README.md, 2026-12-03).
+//! the system allocator: runner CPU per task 18.8-19.5 µs against 21.2-22.0 µs, 40,600-42,000
+//! against 38,200-39,700 tasks/s (benches/README.md, 2026-12-03).
 //!
 //! Why without transparent huge pages: where THP is `always`, mimalloc's memory is backed by
 //! 2 MiB pages, and each one it hands back to the kernel after its purge delay and touches
@@ -22,8 +22,9 @@
 //!   allocated it; making it allocates nothing (`getenv` reads the environment in place);
 //! - the compile child runs on the system allocator (its parent sets
 //!   `SWEEP_ALLOCATOR=system`, see `sandbox/compiler.rs`): mimalloc reserves address space up
-//!   front, a GiB at a time, and what it later commits inside a reservation made before the
-//!   child set its `RLIMIT_AS` would escape that limit.
+//!   front, a GiB at a time, which the child's `RLIMIT_AS` refuses (its compiles failed in
+//!   `compile_limits`), and what it committed inside a reservation made before the limit was
+//!   set would not be counted against it.
 
 // A global allocator is an `unsafe impl` by definition; each method only forwards to an
 // allocator that upholds the same contract.

@@ -155,9 +155,9 @@ impl Compiler {
             .arg(limits.cpu.as_secs().to_string())
             .arg("--memory-bytes")
             .arg(limits.memory_bytes.to_string())
-            // The system allocator, with few arenas: mimalloc's up-front reservations would
-            // escape RLIMIT_AS (see crate::alloc), and each glibc arena reserves address
-            // space, which RLIMIT_AS counts.
+            // The system allocator, with few arenas: mimalloc's up-front reservations do not
+            // fit RLIMIT_AS (see crate::alloc), and each glibc arena reserves address space,
+            // which RLIMIT_AS counts.
             .env(crate::alloc::ALLOCATOR_ENV, "system")
             .env("MALLOC_ARENA_MAX", "2")
             .stdin(Stdio::piped())
