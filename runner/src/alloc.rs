@@ -36,14 +36,25 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use mimalloc::MiMalloc;
 
-/// The environment variable that picks the allocator: `system` for the system allocator;
+/// The environment variable that picks the allocator: [`SYSTEM`] for the system allocator;
 /// unset or anything else, mimalloc.
-pub const ALLOCATOR_ENV: &str = "SWEEP_ALLOCATOR";
+pub const ALLOCATOR_ENV: &str = as_str(ALLOCATOR_ENV_C);
+/// [`ALLOCATOR_ENV`]'s value for the system allocator.
+pub const SYSTEM: &str = as_str(SYSTEM_C);
+// Spelled once, as C strings for `getenv` before `main`; the `&str` forms are derived.
 const ALLOCATOR_ENV_C: &CStr = c"SWEEP_ALLOCATOR";
+const SYSTEM_C: &CStr = c"system";
+
+const fn as_str(c: &'static CStr) -> &'static str {
+    match c.to_str() {
+        Ok(s) => s,
+        Err(_) => panic!("not UTF-8"),
+    }
+}
 
 const UNDECIDED: u8 = 0;
 const MIMALLOC: u8 = 1;
-const SYSTEM: u8 = 2;
+const CHOSE_SYSTEM: u8 = 2;
 
 static CHOICE: AtomicU8 = AtomicU8::new(UNDECIDED);
 
@@ -53,11 +64,11 @@ static CHOICE: AtomicU8 = AtomicU8::new(UNDECIDED);
 pub struct RoleAllocator;
 
 impl RoleAllocator {
-    /// Whether this process allocates with the system allocator.
-    pub fn is_system() -> bool {
-        match CHOICE.load(Ordering::Relaxed) {
+    /// The allocator this process uses, chosen at its first allocation.
+    fn chosen() -> &'static dyn GlobalAlloc {
+        let system = match CHOICE.load(Ordering::Relaxed) {
             MIMALLOC => false,
-            SYSTEM => true,
+            CHOSE_SYSTEM => true,
             _ => {
                 // SAFETY: the name is NUL-terminated, and the value is read at once. The first
                 // allocation happens before `main`, while only the main thread exists, so
@@ -65,7 +76,7 @@ impl RoleAllocator {
                 // would read the same value and store the same choice.
                 let system = unsafe {
                     let value = libc::getenv(ALLOCATOR_ENV_C.as_ptr());
-                    !value.is_null() && CStr::from_ptr(value) == c"system"
+                    !value.is_null() && CStr::from_ptr(value) == SYSTEM_C
                 };
                 if !system {
                     // SAFETY: a plain syscall on this process's own flags; it allocates
@@ -73,9 +84,14 @@ impl RoleAllocator {
                     // not wrong.
                     unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
                 }
-                CHOICE.store(if system { SYSTEM } else { MIMALLOC }, Ordering::Relaxed);
+                CHOICE.store(if system { CHOSE_SYSTEM } else { MIMALLOC }, Ordering::Relaxed);
                 system
             }
+        };
+        if system {
+            &System
+        } else {
+            &MiMalloc
         }
     }
 }
@@ -84,34 +100,18 @@ impl RoleAllocator {
 // the whole process, so a block is always freed or resized by the allocator that made it.
 unsafe impl GlobalAlloc for RoleAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if Self::is_system() {
-            unsafe { System.alloc(layout) }
-        } else {
-            unsafe { MiMalloc.alloc(layout) }
-        }
+        unsafe { Self::chosen().alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if Self::is_system() {
-            unsafe { System.alloc_zeroed(layout) }
-        } else {
-            unsafe { MiMalloc.alloc_zeroed(layout) }
-        }
+        unsafe { Self::chosen().alloc_zeroed(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if Self::is_system() {
-            unsafe { System.dealloc(ptr, layout) }
-        } else {
-            unsafe { MiMalloc.dealloc(ptr, layout) }
-        }
+        unsafe { Self::chosen().dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if Self::is_system() {
-            unsafe { System.realloc(ptr, layout, new_size) }
-        } else {
-            unsafe { MiMalloc.realloc(ptr, layout, new_size) }
-        }
+        unsafe { Self::chosen().realloc(ptr, layout, new_size) }
     }
 }

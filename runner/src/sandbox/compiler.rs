@@ -158,7 +158,7 @@ impl Compiler {
             // The system allocator, with few arenas: mimalloc's up-front reservations do not
             // fit RLIMIT_AS (see crate::alloc), and each glibc arena reserves address space,
             // which RLIMIT_AS counts.
-            .env(crate::alloc::ALLOCATOR_ENV, "system")
+            .env(crate::alloc::ALLOCATOR_ENV, crate::alloc::SYSTEM)
             .env("MALLOC_ARENA_MAX", "2")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
