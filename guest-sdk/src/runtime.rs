@@ -33,8 +33,8 @@ where
     O: Serialize,
     F: FnOnce(I) -> Result<O, Error>,
 {
-    // No context, so the environment is never read: reading it is the costliest part of a
-    // small handler's start (wasi-libc builds its whole `environ`: ~3 µs of a no-op's ~17).
+    // No context, so the environment is never read: the first read makes wasi-libc build the
+    // whole `environ`, the costliest part of a small handler's start (figures: CHANGELOG.md).
     run_main(handler)
 }
 
