@@ -14,7 +14,8 @@ use serde_json::json;
 use wasmtime::{Store, UpdateDeadline};
 
 use super::pipes::{BoundedOutput, Overflow};
-use super::store::{wasi_ctx, StoreState, TaskLimiter};
+use super::store::{StoreState, TaskLimiter};
+use super::wasi::GuestWasi;
 use super::{CompiledModule, Limits, Sandbox, SandboxConfig, TaskInput};
 
 /// Runs per batch. Each figure is the fastest batch's average, which filters out time stolen
@@ -61,7 +62,7 @@ async fn phases(
         let t0 = Instant::now();
         let stdout = BoundedOutput::new(limits.output_bytes, Overflow::Stop);
         let stderr = BoundedOutput::new(4096, Overflow::KeepTail);
-        let wasi = wasi_ctx(input, &stdout, &stderr);
+        let wasi = GuestWasi::new(input, &stdout, &stderr);
         let t1 = Instant::now();
         let state = StoreState {
             wasi,

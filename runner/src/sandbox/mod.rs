@@ -31,6 +31,9 @@ mod outcome;
 mod pipes;
 mod run;
 mod store;
+mod wasi;
+#[cfg(test)]
+mod wasi_tests;
 
 use std::fmt;
 use std::sync::Arc;
@@ -140,10 +143,8 @@ impl Sandbox {
         config.validate()?;
         let (engine, allocator) = engine::build_engine(&config)?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p1::add_to_linker_async(&mut linker, |state: &mut StoreState| {
-            &mut state.wasi
-        })
-        .map_err(|e| SandboxError::Linker(e.into_boxed_dyn_error()))?;
+        wasi::add_to_linker(&mut linker)
+            .map_err(|e| SandboxError::Linker(e.into_boxed_dyn_error()))?;
         // Detached: the thread ends by itself once the last engine clone is dropped.
         let _ticker = engine::spawn_epoch_ticker(&engine, config.epoch_tick)?;
         tracing::info!(%allocator, max_concurrency = config.max_concurrency, "sandbox ready");

@@ -90,7 +90,7 @@ impl BoundedOutput {
     }
 
     /// Appends `data`; `Err` means the stream refused it (stdout over its limit).
-    fn append(&self, data: &[u8]) -> Result<(), OutputLimitExceeded> {
+    pub(super) fn append(&self, data: &[u8]) -> Result<(), OutputLimitExceeded> {
         let mut buf = self.lock();
         let room = buf.capacity - buf.bytes.len();
         match buf.mode {

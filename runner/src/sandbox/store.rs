@@ -6,7 +6,7 @@
 //! Invariants:
 //! - a guest sees exactly: stdin = its payload, bounded stdout/stderr, the four `SWEEP_*`
 //!   environment variables, no args, no preopened directories, no network, no host env, and
-//!   no blocking of the host thread (WASI sleeps are tokio timers);
+//!   no blocking of the host thread (WASI sleeps are tokio timers); see `wasi` for how;
 //! - a memory growth past the task's limit (or one we allowed that then failed) is refused
 //!   with a trap *and* recorded in `TaskLimiter::memory_denied`, so `MemoryLimit` is read from
 //!   a flag set by our own code;
@@ -16,12 +16,10 @@
 use std::time::Instant;
 
 use wasmtime::{Engine, ResourceLimiter, Store, UpdateDeadline};
-use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::p2::pipe::MemoryInputPipe;
-use wasmtime_wasi::WasiCtxBuilder;
 
 use super::config::Limits;
 use super::pipes::BoundedOutput;
+use super::wasi::GuestWasi;
 
 /// Table elements a guest table may grow to (matches the pooling allocator's default slot).
 const MAX_TABLE_ELEMENTS: usize = 20_000;
@@ -130,7 +128,7 @@ impl ResourceLimiter for TaskLimiter {
 
 /// The `T` of every task's `Store<T>`.
 pub(crate) struct StoreState {
-    pub wasi: WasiP1Ctx,
+    pub wasi: GuestWasi,
     pub limiter: TaskLimiter,
     /// `None` only if `started + timeout` overflows `Instant` (then only the tokio timeout,
     /// which saturates, applies).
@@ -148,28 +146,6 @@ impl std::fmt::Debug for StoreState {
     }
 }
 
-/// The guest's WASI view: payload on stdin, bounded stdout/stderr, the four `SWEEP_*`
-/// variables, and nothing else (no preopens, no sockets, no host env or args).
-pub(crate) fn wasi_ctx(
-    input: &TaskInput,
-    stdout: &BoundedOutput,
-    stderr: &BoundedOutput,
-) -> WasiP1Ctx {
-    WasiCtxBuilder::new()
-        .stdin(MemoryInputPipe::new(input.payload.clone()))
-        .stdout(stdout.clone())
-        .stderr(stderr.clone())
-        .env("SWEEP_TASK_ID", &input.task_id)
-        .env("SWEEP_TASK_TYPE", &input.task_type)
-        .env("SWEEP_ATTEMPT", input.attempt.to_string())
-        .env("SWEEP_MAX_ATTEMPTS", input.max_attempts.to_string())
-        .allow_blocking_current_thread(false)
-        .allow_tcp(false)
-        .allow_udp(false)
-        .allow_ip_name_lookup(false)
-        .build_p1()
-}
-
 /// A fresh store for one run, with fuel, limiter and epoch callback installed.
 pub(crate) fn new_store(
     engine: &Engine,
@@ -179,9 +155,8 @@ pub(crate) fn new_store(
     stdout: &BoundedOutput,
     stderr: &BoundedOutput,
 ) -> wasmtime::Result<Store<StoreState>> {
-    let wasi = wasi_ctx(input, stdout, stderr);
     let state = StoreState {
-        wasi,
+        wasi: GuestWasi::new(input, stdout, stderr),
         limiter: TaskLimiter {
             memory_bytes: usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX),
             memory_denied: false,
