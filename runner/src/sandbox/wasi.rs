@@ -1,9 +1,11 @@
-//! The WASI a guest sees, in two layers: its stdin, stdout, stderr, environment and exit
-//! served straight from the store ([`GuestWasi`]), and everything else by wasmtime-wasi's
-//! preview-1 context, built the first time a guest makes a call the first layer does not serve.
+//! The WASI a guest sees, in two layers: reads and writes of its stdin, stdout and stderr,
+//! what those descriptors are, its (empty) arguments, its environment and its exit, served
+//! straight from the store ([`GuestWasi`]); everything else by wasmtime-wasi's preview-1
+//! context, built the first time a guest makes a call the first layer does not serve.
 //!
 //! Why: what a handler usually does is read its payload, write its result, exit and, with the
-//! SDK's context, read the environment. Through wasmtime-wasi each of those calls crosses its
+//! SDK's context, read the environment; C and Zig runtimes also ask what their stdio
+//! descriptors are and read their arguments on the way in. Through wasmtime-wasi each of those calls crosses its
 //! preview-2 resource table and boxed streams, and building that context for every task seeds
 //! two random generators and allocates its table and streams: together about a quarter of a
 //! Rust no-op's run (benches/README.md has the figures). A guest that only does those things
@@ -193,7 +195,7 @@ fn consume_array<T>(fuel: &mut usize, array: GuestPtr<[T]>) -> Result<(), types:
 }
 
 /// Adds preview 1 to `linker`: wasmtime-wasi's, over the lazily built context, with the
-/// stdio and environment calls served by [`GuestWasi`] in front of it.
+/// calls [`GuestWasi`] serves in front of it.
 pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
     p1::add_to_linker_async(linker, |state: &mut StoreState| state.wasi.full())?;
     linker.allow_shadowing(true);
@@ -245,6 +247,46 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
             })
         },
     )?;
+    linker.func_wrap_async(
+        WASI_MODULE,
+        "fd_fdstat_get",
+        |mut caller: Caller<'_, StoreState>, (fd, stat): (i32, i32)| {
+            Box::new(async move {
+                if !(STDIN..=STDERR).contains(&fd) || caller.data().wasi.is_full() {
+                    let (memory, ctx) = full_context(&mut caller)?;
+                    return p1_abi::fd_fdstat_get(
+                        ctx,
+                        &mut GuestMemory::Unshared(memory),
+                        fd,
+                        stat,
+                    )
+                    .await;
+                }
+                served(&mut caller, |memory, _wasi, _fuel| {
+                    Ok(memory.write(GuestPtr::<types::Fdstat>::new(stat as u32), stdio_fdstat(fd)))
+                })
+            })
+        },
+    )?;
+    linker.func_wrap(
+        WASI_MODULE,
+        "args_sizes_get",
+        |mut caller: Caller<'_, StoreState>, count: i32, bytes: i32| {
+            // A guest gets no arguments.
+            served(&mut caller, |memory, _wasi, _fuel| {
+                Ok(memory
+                    .write(GuestPtr::<u32>::new(bytes as u32), 0)
+                    .and_then(|()| memory.write(GuestPtr::<u32>::new(count as u32), 0)))
+            })
+        },
+    )?;
+    linker.func_wrap(
+        WASI_MODULE,
+        "args_get",
+        |mut caller: Caller<'_, StoreState>, _argv: i32, _buf: i32| {
+            served(&mut caller, |_memory, _wasi, _fuel| Ok(Ok(())))
+        },
+    )?;
     linker.func_wrap(
         WASI_MODULE,
         "environ_sizes_get",
@@ -286,6 +328,19 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
     )?;
     linker.allow_shadowing(false);
     Ok(())
+}
+
+/// `fd_fdstat_get` of fd 0, 1 or 2, as wasmtime-wasi describes its stdio: neither the payload
+/// nor the output buffers are terminals, so the type is unknown; stdin may be read, the others
+/// written.
+fn stdio_fdstat(fd: i32) -> types::Fdstat {
+    let rights = if fd == STDIN { types::Rights::FD_READ } else { types::Rights::FD_WRITE };
+    types::Fdstat {
+        fs_filetype: types::Filetype::Unknown,
+        fs_flags: types::Fdflags::empty(),
+        fs_rights_base: rights,
+        fs_rights_inheriting: rights,
+    }
 }
 
 /// A guest's `(pointer, length)` list argument.

@@ -26,6 +26,8 @@ fn probe(body: &str) -> String {
   (import "wasi_snapshot_preview1" "fd_renumber" (func $fd_renumber (param i32 i32) (result i32)))
   (import "wasi_snapshot_preview1" "fd_fdstat_get" (func $fdstat (param i32 i32) (result i32)))
   (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (import "wasi_snapshot_preview1" "args_sizes_get" (func $args_sizes (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "args_get" (func $args_get (param i32 i32) (result i32)))
   (memory (export "memory") 1)
   (data (i32.const 4096) "hello, stdout")
   (global $out (mut i32) (i32.const 8192))
@@ -271,6 +273,30 @@ async fn the_environment_is_the_four_sweep_variables() {
     assert_eq!(&record(&seen)[..4], &[0, 4, size.len() as i32, 0]);
     assert_eq!(&seen.memory[12_000..12_000 + size.len()], size.as_bytes());
     assert!(!seen.full);
+}
+
+#[tokio::test]
+async fn stdio_descriptors_and_arguments_are_described_as_wasmtime_wasi_does() {
+    let body = "(call $rec (call $fdstat (i32.const 0) (i32.const 200)))
+                (call $rec (call $fdstat (i32.const 1) (i32.const 224)))
+                (call $rec (call $fdstat (i32.const 2) (i32.const 248)))
+                (call $rec (call $args_sizes (i32.const 16) (i32.const 20)))
+                (call $rec (i32.load (i32.const 16)))
+                (call $rec (i32.load (i32.const 20)))
+                (call $rec (call $args_get (i32.const 65536) (i32.const 70000)))";
+    let seen = same(body, b"", 100).await;
+    assert_eq!(&record(&seen)[..7], &[0, 0, 0, 0, 0, 0, 0]);
+    assert!(!seen.full, "describing stdio must not build the full context");
+    // Another descriptor is the full context's to describe (it has none).
+    let seen = same("(call $rec (call $fdstat (i32.const 3) (i32.const 200)))", b"", 100).await;
+    assert_eq!(record(&seen)[0], ERRNO_BADF);
+    for body in [
+        "(call $rec (call $fdstat (i32.const 1) (i32.const 65530)))",
+        "(call $rec (call $fdstat (i32.const 1) (i32.const 201)))",
+        "(call $rec (call $args_sizes (i32.const 65536) (i32.const 0)))",
+    ] {
+        assert_eq!(same(body, b"", 100).await.ended, Err(None), "{body} should trap");
+    }
 }
 
 #[tokio::test]
