@@ -29,8 +29,7 @@ use wasmtime_wasi::p1::{self, WasiP1Ctx};
 use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
 use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
 
-/// A `_start` that returns at once: instantiate + call with nothing inside.
-
+/// Each case runs on both instance allocators.
 const ALLOCATORS: [(&str, bool); 2] = [("pooled", true), ("on_demand", false)];
 
 fn sandbox(c: &mut Criterion) {

@@ -29,7 +29,7 @@ use wasmtime_wasi::p1::wasi_snapshot_preview1::{self as p1_abi, WasiSnapshotPrev
 use wasmtime_wasi::p1::{self, types, WasiP1Ctx};
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
-use wiggle::{GuestError, GuestMemory, GuestPtr};
+use wiggle::{GuestError, GuestMemory, GuestPtr, GuestType};
 
 use super::module::WASI_MODULE;
 use super::pipes::{BoundedOutput, OutputLimitExceeded, WRITE_PERMIT};
@@ -105,16 +105,7 @@ impl GuestWasi {
         fuel: &mut usize,
         iovs: GuestPtr<[types::Iovec]>,
     ) -> Result<u32, types::Error> {
-        consume_array(fuel, iovs)?;
-        let mut buf = GuestPtr::<[u8]>::new((0, 0));
-        for iov in iovs.iter() {
-            let iov = memory.read(iov?)?;
-            if iov.buf_len > 0 {
-                buf = iov.buf.as_array(iov.buf_len);
-                consume_array(fuel, buf)?;
-                break;
-            }
-        }
+        let buf = first_non_empty(memory, fuel, iovs, |iov: &types::Iovec| (iov.buf, iov.buf_len))?;
         let n = self.stdin.len().min(buf.len() as usize);
         if n == 0 && !self.stdin.is_empty() {
             return Err(types::Errno::Intr.into());
@@ -135,16 +126,7 @@ impl GuestWasi {
         fd: i32,
         ciovs: GuestPtr<[types::Ciovec]>,
     ) -> Result<u32, types::Error> {
-        consume_array(fuel, ciovs)?;
-        let mut buf = GuestPtr::<[u8]>::new((0, 0));
-        for ciov in ciovs.iter() {
-            let ciov = memory.read(ciov?)?;
-            if ciov.buf_len > 0 {
-                buf = ciov.buf.as_array(ciov.buf_len);
-                consume_array(fuel, buf)?;
-                break;
-            }
-        }
+        let buf = first_non_empty(memory, fuel, ciovs, |c: &types::Ciovec| (c.buf, c.buf_len))?;
         let bytes = memory.as_cow(buf).map_err(|e| types::Error::trap(e.into()))?;
         let out = if fd == STDOUT { &self.stdout } else { &self.stderr };
         // In the pieces wasmtime-wasi hands its streams (`blocking-write-and-flush` takes 4 KiB).
@@ -182,6 +164,26 @@ impl GuestWasi {
     }
 }
 
+/// The first non-empty buffer of a list of (c)iovecs, or an empty one, with the hostcall fuel
+/// of the list and of that buffer taken: preview 1's `first_non_empty_iovec`.
+fn first_non_empty<V: GuestType>(
+    memory: &GuestMemory<'_>,
+    fuel: &mut usize,
+    list: GuestPtr<[V]>,
+    buffer: impl Fn(&V) -> (GuestPtr<u8>, u32),
+) -> Result<GuestPtr<[u8]>, types::Error> {
+    consume_array(fuel, list)?;
+    for item in list.iter() {
+        let (buf, len) = buffer(&memory.read(item?)?);
+        if len > 0 {
+            let buf = buf.as_array(len);
+            consume_array(fuel, buf)?;
+            return Ok(buf);
+        }
+    }
+    Ok(GuestPtr::new((0, 0)))
+}
+
 /// Hostcall fuel for copying `array` (preview 1's `consume_fuel_for_array`): a call may not
 /// make the host copy more than the store's hostcall fuel.
 fn consume_array<T>(fuel: &mut usize, array: GuestPtr<[T]>) -> Result<(), types::Error> {
@@ -205,16 +207,8 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
         |mut caller: Caller<'_, StoreState>, (fd, iovs, len, nread): (i32, i32, i32, i32)| {
             Box::new(async move {
                 if fd != STDIN || caller.data().wasi.is_full() {
-                    let (memory, ctx) = full_context(&mut caller)?;
-                    return p1_abi::fd_read(
-                        ctx,
-                        &mut GuestMemory::Unshared(memory),
-                        fd,
-                        iovs,
-                        len,
-                        nread,
-                    )
-                    .await;
+                    let (mut memory, ctx) = full_context(&mut caller)?;
+                    return p1_abi::fd_read(ctx, &mut memory, fd, iovs, len, nread).await;
                 }
                 served(&mut caller, |memory, wasi, fuel| {
                     let n = wasi.read_stdin(memory, fuel, list(iovs, len))?;
@@ -229,16 +223,8 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
         |mut caller: Caller<'_, StoreState>, (fd, ciovs, len, nwritten): (i32, i32, i32, i32)| {
             Box::new(async move {
                 if !(fd == STDOUT || fd == STDERR) || caller.data().wasi.is_full() {
-                    let (memory, ctx) = full_context(&mut caller)?;
-                    return p1_abi::fd_write(
-                        ctx,
-                        &mut GuestMemory::Unshared(memory),
-                        fd,
-                        ciovs,
-                        len,
-                        nwritten,
-                    )
-                    .await;
+                    let (mut memory, ctx) = full_context(&mut caller)?;
+                    return p1_abi::fd_write(ctx, &mut memory, fd, ciovs, len, nwritten).await;
                 }
                 served(&mut caller, |memory, wasi, fuel| {
                     let n = wasi.write_stdio(memory, fuel, fd, list(ciovs, len))?;
@@ -253,14 +239,8 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
         |mut caller: Caller<'_, StoreState>, (fd, stat): (i32, i32)| {
             Box::new(async move {
                 if !(STDIN..=STDERR).contains(&fd) || caller.data().wasi.is_full() {
-                    let (memory, ctx) = full_context(&mut caller)?;
-                    return p1_abi::fd_fdstat_get(
-                        ctx,
-                        &mut GuestMemory::Unshared(memory),
-                        fd,
-                        stat,
-                    )
-                    .await;
+                    let (mut memory, ctx) = full_context(&mut caller)?;
+                    return p1_abi::fd_fdstat_get(ctx, &mut memory, fd, stat).await;
                 }
                 served(&mut caller, |memory, _wasi, _fuel| {
                     Ok(memory.write(GuestPtr::<types::Fdstat>::new(stat as u32), stdio_fdstat(fd)))
@@ -353,7 +333,7 @@ fn list<T>(ptr: i32, len: i32) -> GuestPtr<[T]> {
 /// what wasmtime-wasi's own bindings do before every call.
 fn full_context<'a>(
     caller: &'a mut Caller<'_, StoreState>,
-) -> wasmtime::Result<(&'a mut [u8], &'a mut WasiP1Ctx)> {
+) -> wasmtime::Result<(GuestMemory<'a>, &'a mut WasiP1Ctx)> {
     let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
         wasmtime::bail!("missing required memory export");
     };
@@ -361,7 +341,7 @@ fn full_context<'a>(
     let (memory, state) = memory.data_and_store_mut(caller);
     let ctx = state.wasi.full();
     ctx.set_hostcall_fuel(fuel);
-    Ok((memory, ctx))
+    Ok((GuestMemory::Unshared(memory), ctx))
 }
 
 /// Runs a call served by [`GuestWasi`] the way wasmtime-wasi's bindings run theirs: the
