@@ -5,8 +5,9 @@
 //!
 //! Measures inline `.wat` probes that isolate one cost each (an empty `_start`; ten 1-byte
 //! WASI `fd_write`s; touching 17 fresh memory pages, the size of a Rust guest's initial
-//! memory) and, when it has been built (`scripts/build-modules.sh`), the real Rust `noop`
-//! handler.
+//! memory; the same 17 pages left untouched) and, when it has been built
+//! (`scripts/build-modules.sh`), the real Rust `noop` handler. A second ignored test lists the
+//! memory pages that handler leaves changed.
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,9 @@ const WAT_TOUCH_17_PAGES: &str = r#"(module (memory 17)
       (i32.store (local.get $i) (i32.const 1))
       (local.set $i (i32.add (local.get $i) (i32.const 65536)))
       (br_if $l (i32.lt_u (local.get $i) (i32.const 1114112))))))"#;
+/// An empty `_start` with a Rust guest's memory size (17 pages) and nothing written: what the
+/// size of the memory alone costs the drop (the scan for written pages).
+const WAT_17_PAGES_UNTOUCHED: &str = r#"(module (memory 17) (func (export "_start")))"#;
 const RUST_NOOP: &str = "../target/wasm32-wasip1/wasm/noop.wasm";
 
 #[derive(Clone, Copy)]
@@ -139,6 +143,7 @@ fn noop_task_cost_pooled_vs_on_demand() -> wasmtime::Result<()> {
         ("wat noop", wat::parse_str(WAT_NOOP)?),
         ("10 writes", wat::parse_str(WAT_TEN_WRITES)?),
         ("17 pages", wat::parse_str(WAT_TOUCH_17_PAGES)?),
+        ("17 kept", wat::parse_str(WAT_17_PAGES_UNTOUCHED)?),
     ];
     match std::fs::read(RUST_NOOP) {
         Ok(bytes) => modules.push(("rust noop", bytes)),
@@ -151,4 +156,78 @@ fn noop_task_cost_pooled_vs_on_demand() -> wasmtime::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Which 4 KiB pages of linear memory a run of the Rust no-op leaves changed (the pages the
+/// pooling allocator must reset when the store is dropped), as ranges of page numbers.
+/// A lower bound: a page written back with the bytes it had does not show.
+#[test]
+#[ignore = "prints the pages a guest changes; run with --ignored --nocapture"]
+fn pages_the_rust_noop_changes() -> wasmtime::Result<()> {
+    const PAGE: usize = 4096;
+    let Ok(bytes) = std::fs::read(RUST_NOOP) else {
+        println!("skipping: {RUST_NOOP} is not built");
+        return Ok(());
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let sandbox = Sandbox::new(SandboxConfig { pooling: false, ..SandboxConfig::default() })?;
+    let module = sandbox.compile(&bytes)?;
+    let input = TaskInput::new("id", "noop", 1, 3, &json!({"n": 1}));
+    rt.block_on(async {
+        let stdout = BoundedOutput::new(1 << 20, Overflow::Stop);
+        let stderr = BoundedOutput::new(4096, Overflow::KeepTail);
+        let state = StoreState {
+            wasi: GuestWasi::new(&input, &stdout, &stderr),
+            limiter: TaskLimiter { memory_bytes: 1 << 26, memory_denied: false },
+            deadline: None,
+            deadline_hit: false,
+        };
+        let mut store = Store::new(sandbox.engine(), state);
+        store.limiter(|s| &mut s.limiter);
+        store.set_fuel(u64::MAX)?;
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|_| Ok(UpdateDeadline::Continue(1)));
+        let instance = module.pre.instantiate_async(&mut store).await?;
+        let memory = instance
+            .get_memory(&mut store, "memory")
+            .ok_or_else(|| wasmtime::format_err!("no memory"))?;
+        let before = memory.data(&store).to_vec();
+        let start = instance
+            .get_module_export(&mut store, &module.start)
+            .and_then(|e| e.into_func())
+            .ok_or_else(|| wasmtime::format_err!("no _start"))?
+            .typed::<(), ()>(&store)?;
+        // A Rust guest ends with proc_exit(0), which surfaces as an `I32Exit` error.
+        if let Err(e) = start.call_async(&mut store, ()).await {
+            let exit = e.downcast_ref::<wasmtime_wasi::I32Exit>().map(|exit| exit.0);
+            wasmtime::ensure!(exit == Some(0), "the noop failed: {e:#}");
+        }
+        let after = memory.data(&store);
+        let changed: Vec<usize> = after
+            .chunks(PAGE)
+            .enumerate()
+            .filter(|(i, page)| match before.get(i * PAGE..(i + 1) * PAGE) {
+                Some(old) => old != *page,
+                None => page.iter().any(|&b| b != 0),
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        for &page in &changed {
+            match ranges.last_mut() {
+                Some((_, end)) if *end + 1 == page => *end = page,
+                _ => ranges.push((page, page)),
+            }
+        }
+        let ranges: Vec<String> = ranges.iter().map(|(a, b)| format!("{a}-{b}")).collect();
+        println!(
+            "rust noop: {} of {} pages changed ({} KiB of memory before the run, {} after): {}",
+            changed.len(),
+            after.len() / PAGE,
+            before.len() / 1024,
+            after.len() / 1024,
+            ranges.join(", ")
+        );
+        Ok(())
+    })
 }
