@@ -5,11 +5,11 @@
 //!
 //! Why: what a handler usually does is read its payload, write its result, exit and, with the
 //! SDK's context, read the environment; C and Zig runtimes also ask what their stdio
-//! descriptors are and read their arguments on the way in. Through wasmtime-wasi each of those calls crosses its
-//! preview-2 resource table and boxed streams, and building that context for every task seeds
-//! two random generators and allocates its table and streams: together about a quarter of a
-//! Rust no-op's run (benches/README.md has the figures). A guest that only does those things
-//! never needs the full context.
+//! descriptors are and read their arguments on the way in. Through wasmtime-wasi each of
+//! those calls crosses its preview-2 resource table and boxed streams, and building that
+//! context for every task seeds two random generators and allocates its table and streams:
+//! together about a quarter of a Rust no-op's run (benches/README.md has the figures). A
+//! guest that only does those things never needs the full context.
 //!
 //! Invariants:
 //! - a guest cannot tell the layers apart: the calls served here give the errno, the traps
@@ -21,7 +21,8 @@
 //!   the position reached here and with the same output buffers, and every descriptor call
 //!   goes to it from then on, so there is only ever one descriptor table (a guest that closes
 //!   or renumbers fd 0-2 does it through the full context, after which this layer steps aside);
-//! - the environment does not change during a run, so it is always served here.
+//! - the environment and the (empty) arguments do not change during a run, so they are
+//!   always served here.
 
 use bytes::Bytes;
 use wasmtime::{AsContextMut, Caller, Extern, Linker};
