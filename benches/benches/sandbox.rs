@@ -1,5 +1,5 @@
 //! Sandbox cost per task: a fresh instance of a no-op module, run to completion, through
-//! `Sandbox::run` (store + WASI context + limiter + epoch deadline + fuel, instantiate, call
+//! `Sandbox::run` (store + WASI state + limiter + epoch deadline + fuel, instantiate, call
 //! `_start`, classify the outcome, drop the store).
 //!
 //! run with `cargo bench -p sweep-benches --bench sandbox` (after `scripts/build-modules.sh noop`)

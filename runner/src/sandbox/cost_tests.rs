@@ -15,7 +15,7 @@ use serde_json::json;
 use wasmtime::{Store, UpdateDeadline};
 
 use super::pipes::{BoundedOutput, Overflow};
-use super::store::{StoreState, TaskLimiter};
+use super::store::{new_store, StoreState, TaskLimiter};
 use super::wasi::GuestWasi;
 use super::{CompiledModule, Limits, Sandbox, SandboxConfig, TaskInput};
 
@@ -176,27 +176,15 @@ fn pages_the_rust_noop_changes() -> wasmtime::Result<()> {
     rt.block_on(async {
         let stdout = BoundedOutput::new(1 << 20, Overflow::Stop);
         let stderr = BoundedOutput::new(4096, Overflow::KeepTail);
-        let state = StoreState {
-            wasi: GuestWasi::new(&input, &stdout, &stderr),
-            limiter: TaskLimiter { memory_bytes: 1 << 26, memory_denied: false },
-            deadline: None,
-            deadline_hit: false,
-        };
-        let mut store = Store::new(sandbox.engine(), state);
-        store.limiter(|s| &mut s.limiter);
-        store.set_fuel(u64::MAX)?;
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(|_| Ok(UpdateDeadline::Continue(1)));
+        let limits = Limits::DEFAULT;
+        let mut store =
+            new_store(sandbox.engine(), &input, &limits, Instant::now(), &stdout, &stderr)?;
         let instance = module.pre.instantiate_async(&mut store).await?;
         let memory = instance
             .get_memory(&mut store, "memory")
             .ok_or_else(|| wasmtime::format_err!("no memory"))?;
         let before = memory.data(&store).to_vec();
-        let start = instance
-            .get_module_export(&mut store, &module.start)
-            .and_then(|e| e.into_func())
-            .ok_or_else(|| wasmtime::format_err!("no _start"))?
-            .typed::<(), ()>(&store)?;
+        let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
         // A Rust guest ends with proc_exit(0), which surfaces as an `I32Exit` error.
         if let Err(e) = start.call_async(&mut store, ()).await {
             let exit = e.downcast_ref::<wasmtime_wasi::I32Exit>().map(|exit| exit.0);

@@ -24,6 +24,8 @@
 //! - the environment and the (empty) arguments do not change during a run, so they are
 //!   always served here.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use wasmtime::{AsContextMut, Caller, Extern, Linker};
 use wasmtime_wasi::p1::wasi_snapshot_preview1::{self as p1_abi, WasiSnapshotPreview1 as _};
@@ -48,10 +50,29 @@ pub(crate) struct GuestWasi {
     stdin: Bytes,
     stdout: BoundedOutput,
     stderr: BoundedOutput,
-    /// `SWEEP_*` variables, in the order a guest sees them.
-    env: [(&'static str, String); 4],
+    env: TaskEnv,
     /// wasmtime-wasi's context, built on the first call this layer does not serve.
     full: Option<WasiP1Ctx>,
+}
+
+/// What the `SWEEP_*` variables say, kept unformatted: most guests never read them.
+struct TaskEnv {
+    task_id: String,
+    task_type: String,
+    attempt: u32,
+    max_attempts: u32,
+}
+
+impl TaskEnv {
+    /// The variables, in the order a guest sees them.
+    fn vars(&self) -> [(&'static str, Cow<'_, str>); 4] {
+        [
+            ("SWEEP_TASK_ID", Cow::Borrowed(&self.task_id)),
+            ("SWEEP_TASK_TYPE", Cow::Borrowed(&self.task_type)),
+            ("SWEEP_ATTEMPT", Cow::Owned(self.attempt.to_string())),
+            ("SWEEP_MAX_ATTEMPTS", Cow::Owned(self.max_attempts.to_string())),
+        ]
+    }
 }
 
 impl GuestWasi {
@@ -61,12 +82,12 @@ impl GuestWasi {
             stdin: Bytes::from(input.payload.clone()),
             stdout: stdout.clone(),
             stderr: stderr.clone(),
-            env: [
-                ("SWEEP_TASK_ID", input.task_id.clone()),
-                ("SWEEP_TASK_TYPE", input.task_type.clone()),
-                ("SWEEP_ATTEMPT", input.attempt.to_string()),
-                ("SWEEP_MAX_ATTEMPTS", input.max_attempts.to_string()),
-            ],
+            env: TaskEnv {
+                task_id: input.task_id.clone(),
+                task_type: input.task_type.clone(),
+                attempt: input.attempt,
+                max_attempts: input.max_attempts,
+            },
             full: None,
         }
     }
@@ -90,7 +111,7 @@ impl GuestWasi {
                 .allow_tcp(false)
                 .allow_udp(false)
                 .allow_ip_name_lookup(false);
-            for (key, value) in env.iter() {
+            for (key, value) in env.vars() {
                 builder.env(key, value);
             }
             builder.build_p1()
@@ -140,8 +161,9 @@ impl GuestWasi {
 
     /// `environ_sizes_get`: how many variables, and the bytes of their `key=value\0` strings.
     fn environ_sizes(&self) -> Result<(u32, u32), types::Error> {
-        let bytes: usize = self.env.iter().map(|(k, v)| k.len() + 1 + v.len() + 1).sum();
-        Ok((u32::try_from(self.env.len())?, u32::try_from(bytes)?))
+        let env = self.env.vars();
+        let bytes: usize = env.iter().map(|(k, v)| k.len() + 1 + v.len() + 1).sum();
+        Ok((u32::try_from(env.len())?, u32::try_from(bytes)?))
     }
 
     /// `environ_get`: a pointer per variable at `environ`, the strings from `buf` on.
@@ -152,7 +174,7 @@ impl GuestWasi {
         buf: GuestPtr<u8>,
     ) -> Result<(), types::Error> {
         let (mut environ, mut buf) = (environ, buf);
-        for (key, value) in &self.env {
+        for (key, value) in self.env.vars() {
             memory.write(environ, buf)?;
             environ = environ.add(1)?;
             for part in [key.as_bytes(), b"=", value.as_bytes(), b"\0"] {
@@ -255,9 +277,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
         |mut caller: Caller<'_, StoreState>, count: i32, bytes: i32| {
             // A guest gets no arguments.
             served(&mut caller, |memory, _wasi, _fuel| {
-                Ok(memory
-                    .write(GuestPtr::<u32>::new(bytes as u32), 0)
-                    .and_then(|()| memory.write(GuestPtr::<u32>::new(count as u32), 0)))
+                Ok(write_sizes(memory, (count, bytes), (0, 0)))
             })
         },
     )?;
@@ -273,11 +293,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
         "environ_sizes_get",
         |mut caller: Caller<'_, StoreState>, count: i32, bytes: i32| {
             served(&mut caller, |memory, wasi, _fuel| {
-                let (n, size) = wasi.environ_sizes()?;
-                // The size first: wasmtime-wasi's bindings store the results last to first.
-                Ok(memory
-                    .write(GuestPtr::<u32>::new(bytes as u32), size)
-                    .and_then(|()| memory.write(GuestPtr::<u32>::new(count as u32), n)))
+                Ok(write_sizes(memory, (count, bytes), wasi.environ_sizes()?))
             })
         },
     )?;
@@ -297,9 +313,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
         |mut caller: Caller<'_, StoreState>, status: i32| -> wasmtime::Result<()> {
             // A Rust guest ends with `proc_exit(0)`: without this, every run would build the
             // full context on its way out. The checks are wasmtime-wasi's, in its order.
-            let Some(Extern::Memory(_)) = caller.get_export("memory") else {
-                wasmtime::bail!("missing required memory export");
-            };
+            guest_memory(&mut caller)?;
             let status = status as u32;
             if status >= 126 {
                 wasmtime::bail!("exit with invalid exit status outside of [0..126)");
@@ -330,19 +344,27 @@ fn list<T>(ptr: i32, len: i32) -> GuestPtr<[T]> {
     GuestPtr::new((ptr as u32, len as u32))
 }
 
-/// The guest's memory and [`GuestWasi::full`], with the store's hostcall fuel handed to it:
-/// what wasmtime-wasi's own bindings do before every call.
-fn full_context<'a>(
+/// The guest's memory, its WASI state and the store's hostcall fuel: what wasmtime-wasi's own
+/// bindings look up before every call (and fail on the same way without a memory).
+fn guest_memory<'a>(
     caller: &'a mut Caller<'_, StoreState>,
-) -> wasmtime::Result<(GuestMemory<'a>, &'a mut WasiP1Ctx)> {
+) -> wasmtime::Result<(GuestMemory<'a>, &'a mut GuestWasi, usize)> {
     let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
         wasmtime::bail!("missing required memory export");
     };
     let fuel = caller.as_context_mut().hostcall_fuel();
     let (memory, state) = memory.data_and_store_mut(caller);
-    let ctx = state.wasi.full();
+    Ok((GuestMemory::Unshared(memory), &mut state.wasi, fuel))
+}
+
+/// The guest's memory and [`GuestWasi::full`], with the hostcall fuel handed to it.
+fn full_context<'a>(
+    caller: &'a mut Caller<'_, StoreState>,
+) -> wasmtime::Result<(GuestMemory<'a>, &'a mut WasiP1Ctx)> {
+    let (memory, wasi, fuel) = guest_memory(caller)?;
+    let ctx = wasi.full();
     ctx.set_hostcall_fuel(fuel);
-    Ok((GuestMemory::Unshared(memory), ctx))
+    Ok((memory, ctx))
 }
 
 /// Runs a call served by [`GuestWasi`] the way wasmtime-wasi's bindings run theirs: the
@@ -356,17 +378,24 @@ fn served(
         &mut usize,
     ) -> Result<Result<(), GuestError>, types::Error>,
 ) -> wasmtime::Result<i32> {
-    let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
-        wasmtime::bail!("missing required memory export");
-    };
-    let mut fuel = caller.as_context_mut().hostcall_fuel();
-    let (memory, state) = memory.data_and_store_mut(caller);
-    let mut memory = GuestMemory::Unshared(memory);
-    match body(&mut memory, &mut state.wasi, &mut fuel) {
+    let (mut memory, wasi, mut fuel) = guest_memory(caller)?;
+    match body(&mut memory, wasi, &mut fuel) {
         Ok(written) => {
             written?;
             Ok(types::Errno::Success as i32)
         }
         Err(e) => Ok(e.downcast()? as i32),
     }
+}
+
+/// The write-back of a `*_sizes_get` call's two results, a count and a byte size. The size
+/// first: wasmtime-wasi's bindings store results last to first, so a bad size pointer traps
+/// before the count is written.
+fn write_sizes(
+    memory: &mut GuestMemory<'_>,
+    (count_ptr, bytes_ptr): (i32, i32),
+    (count, bytes): (u32, u32),
+) -> Result<(), GuestError> {
+    memory.write(GuestPtr::<u32>::new(bytes_ptr as u32), bytes)?;
+    memory.write(GuestPtr::<u32>::new(count_ptr as u32), count)
 }
