@@ -1,5 +1,6 @@
 //! Claim throughput: claim a batch, complete it, repeat; tasks per second through
-//! `queue::claim_batch` + `queue::complete_batch` against the real Postgres.
+//! `queue::claim_from` (each claimer with its cursor, as a runner's claim lane) +
+//! `queue::complete_batch` against the real Postgres.
 //!
 //! run with `DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo bench -p sweep-benches --bench claim`
 //!
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use serde_json::json;
 use sqlx::PgPool;
-use sweep::queue::{self, Completion};
+use sweep::queue::{self, ClaimCursor, ClaimMode, Completion};
 use sweep_benches::{
     bench_pool, count_finished, env_usize, fill, insert_retained, reset_live_tasks, runtime,
     RETAINED_TASK_TYPE,
@@ -74,9 +75,14 @@ async fn vacuum_loop(pool: PgPool, every: Duration) {
 /// One claimer: `rounds` times claim `batch`, complete them all. Returns tasks completed.
 async fn claimer(pool: PgPool, batch: usize, rounds: u64) -> usize {
     let runner = Uuid::new_v4();
+    // Each claimer keeps its cursor, as each of a runner's claim lanes does.
+    let mut cursor = ClaimCursor::default();
     let mut done = 0;
     for _ in 0..rounds {
-        let tasks = queue::claim_batch(&pool, runner, batch, &[], LEASE).await.expect("claim");
+        let tasks =
+            queue::claim_from(&pool, runner, batch, &[], LEASE, ClaimMode::Fair, &mut cursor)
+                .await
+                .expect("claim");
         let completions: Vec<Completion> = tasks
             .iter()
             .map(|t| Completion {

@@ -63,7 +63,7 @@ use self::intake::{Intake, Reservation, Ticket};
 use self::liveness::{HeldLeases, Hold, Reachability};
 use crate::{
     config::WorkerConfig,
-    queue::{self, ClaimMode, ClaimedTask, QueueError, Role, Store, TaskId, Wakeups},
+    queue::{self, ClaimCursor, ClaimMode, ClaimedTask, QueueError, Role, Store, TaskId, Wakeups},
     sandbox::{ModuleCache, Sandbox, SandboxError},
 };
 
@@ -329,6 +329,7 @@ impl Worker {
     async fn claim_loop(self, lane: Lane) -> u64 {
         let mut claimed_total = 0;
         let mut stop = lane.stop.clone();
+        let mut cursor = ClaimCursor::default();
         loop {
             let seats = tokio::select! {
                 biased;
@@ -340,7 +341,7 @@ impl Worker {
                 },
             };
             let mode = seats.mode();
-            match self.claim_into(&lane, seats).await {
+            match self.claim_into(&lane, seats, &mut cursor).await {
                 Claimed::Tasks(n) => {
                     claimed_total += n;
                     if n == 0 && mode == ClaimMode::Fair {
@@ -360,17 +361,18 @@ impl Worker {
 
     /// Claims as many tasks as `seats` has room for, in their mode, and spawns them; room no
     /// task took goes back when the seats drop.
-    async fn claim_into(&self, lane: &Lane, seats: Seats) -> Claimed {
+    async fn claim_into(&self, lane: &Lane, seats: Seats, cursor: &mut ClaimCursor) -> Claimed {
         let (want, mode) = (seats.len(), seats.mode());
         let _in_flight = (mode == ClaimMode::Fair).then(|| FairClaim::start(lane));
         let sent = std::time::Instant::now();
-        let claimed = match queue::claim(
+        let claimed = match queue::claim_from(
             &self.store,
             self.id,
             want,
             &self.config.task_types,
             self.config.lease,
             mode,
+            cursor,
         )
         .await
         {

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use common::*;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sweep::queue::{self, NewTask, TaskState};
+use sweep::queue::{self, ClaimCursor, ClaimMode::Fair, NewTask, TaskState};
 
 #[sqlx::test(migrations = false)]
 async fn claim_sets_running_with_attempt_and_lease(_: PgPoolOptions, db: PgConnectOptions) {
@@ -59,6 +59,43 @@ async fn claim_order_is_priority_then_run_at_then_id(_: PgPoolOptions, db: PgCon
     assert_eq!(order, vec![ids[3], ids[1], ids[5], ids[0], ids[4], ids[2]]);
 }
 
+/// A claimer's cursor moves its scan on, never past a due task: a task that became due behind
+/// the cursor (here: enqueued with an earlier `run_at`) waits for the claim after the cursor's
+/// (without a cursor it would come at once), and a more urgent task enqueued meanwhile still
+/// comes first; the cursor then sits at the urgent task's priority, and the rest come in
+/// claim order from the head of theirs.
+#[sqlx::test(migrations = false)]
+async fn a_cursor_moves_the_scan_on_and_skips_no_due_task(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let past = |mins| chrono::Utc::now() - chrono::Duration::minutes(mins);
+    let first: Vec<_> = (0..6).map(|i| task("t", i).run_at(past(5))).collect();
+    let first: Vec<_> =
+        queue::enqueue_many(&pool, &first).await.unwrap().into_iter().map(|e| e.id).collect();
+    let runner = new_runner();
+    let mut cursor = ClaimCursor::default();
+    let mut claim_one = async || {
+        let got = queue::claim_from(&pool, runner, 1, &[], LEASE, Fair, &mut cursor).await.unwrap();
+        got.first().map(|c| c.id)
+    };
+    assert_eq!(claim_one().await, Some(first[0]));
+    assert_eq!(claim_one().await, Some(first[1]));
+
+    let later = vec![
+        task("t", 10).priority(-1).run_at(past(60)), // less urgent: last
+        task("t", 11).run_at(past(60)),              // behind the cursor
+    ];
+    let later: Vec<_> =
+        queue::enqueue_many(&pool, &later).await.unwrap().into_iter().map(|e| e.id).collect();
+    assert_eq!(claim_one().await, Some(first[2]), "the cursor's claim goes on from the cursor");
+    let urgent = queue::enqueue_many(&pool, &[task("t", 12).priority(3)]).await.unwrap()[0].id;
+    let mut order = Vec::new();
+    while let Some(id) = claim_one().await {
+        order.push(id);
+    }
+    assert_eq!(order, vec![urgent, later[1], first[3], first[4], first[5], later[0]]);
+}
+
 #[sqlx::test(migrations = false)]
 async fn claim_filters_by_task_type(_: PgPoolOptions, db: PgConnectOptions) {
     let db = migrated(db).await;
@@ -86,9 +123,19 @@ async fn eight_concurrent_claimers_drain_ten_thousand_tasks_exactly_once(
         let pool = pool.clone();
         tokio::spawn(async move {
             let runner = new_runner();
+            // Half the claimers keep a cursor, as a runner's claim lanes do.
+            let mut cursor = (k % 2 == 1).then(ClaimCursor::default);
             let mut mine = Vec::new();
             loop {
-                let batch = claim(&pool, runner, 1 + (k * 7) % 50).await;
+                let limit = 1 + (k * 7) % 50;
+                let batch = match cursor.as_mut() {
+                    None => claim(&pool, runner, limit).await,
+                    Some(cursor) => {
+                        queue::claim_from(&pool, runner, limit, &[], LEASE, Fair, cursor)
+                            .await
+                            .unwrap()
+                    }
+                };
                 if batch.is_empty() {
                     return mine;
                 }

@@ -4,7 +4,10 @@
 //! (`lease_owner`, `lease_expires_at`); every statement here that touches a running task is
 //! fenced by its lease owner.
 
-use std::time::Duration;
+use std::{
+    cmp::Reverse,
+    time::{Duration, Instant},
+};
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -41,7 +44,7 @@ pub async fn claim_batch<'c, E: PgExecutor<'c>>(
     claim(executor, runner, limit, task_types, lease, ClaimMode::Fair).await
 }
 
-/// [`claim_batch`] with an explicit [`ClaimMode`].
+/// [`claim_batch`] with an explicit [`ClaimMode`], starting at the head of the queue.
 pub async fn claim<'c, E: PgExecutor<'c>>(
     executor: E,
     runner: Uuid,
@@ -49,6 +52,23 @@ pub async fn claim<'c, E: PgExecutor<'c>>(
     task_types: &[String],
     lease: Duration,
     mode: ClaimMode,
+) -> Result<Vec<ClaimedTask>, QueueError> {
+    claim_from(executor, runner, limit, task_types, lease, mode, &mut ClaimCursor::default()).await
+}
+
+/// [`claim`] for a claimer that claims again and again: a fair claim from a single due queue
+/// starts its index scan where `cursor` says this claimer's last one ended, instead of walking
+/// past every task claimed since the last vacuum (see migrations/0021_claim_cursor.sql; no
+/// due task is skipped, whatever the cursor says). The cursor is moved on to the last task
+/// claimed; a spare-slot claim ([`ClaimMode::Starved`]) neither uses nor moves it.
+pub async fn claim_from<'c, E: PgExecutor<'c>>(
+    executor: E,
+    runner: Uuid,
+    limit: usize,
+    task_types: &[String],
+    lease: Duration,
+    mode: ClaimMode,
+    cursor: &mut ClaimCursor,
 ) -> Result<Vec<ClaimedTask>, QueueError> {
     if limit == 0 {
         return Ok(Vec::new());
@@ -61,16 +81,97 @@ pub async fn claim<'c, E: PgExecutor<'c>>(
     // the task is simply pending again, to be claimed (and run) once more: at-least-once
     // holds, and the runner that lost it is fenced out when it reports. See benches/README.md.
     let ring_start: i32 = rand::random_range(0..i32::MAX);
-    let rows: Vec<ClaimRow> = sqlx::query_as(CLAIM)
-        .bind(runner)
-        .bind(sql_count(limit))
-        .bind(task_types)
-        .bind(sql_millis(lease))
-        .bind(mode == ClaimMode::Starved)
-        .bind(ring_start)
-        .fetch_all(executor)
-        .await?;
+    let rows: Vec<ClaimRow> = match mode {
+        ClaimMode::Starved => {
+            sqlx::query_as(CLAIM)
+                .bind(runner)
+                .bind(sql_count(limit))
+                .bind(task_types)
+                .bind(sql_millis(lease))
+                .bind(true)
+                .bind(ring_start)
+                .fetch_all(executor)
+                .await?
+        }
+        ClaimMode::Fair => {
+            let at = cursor.current();
+            let from_head = at.is_none();
+            let rows = sqlx::query_as(CLAIM_FROM)
+                .bind(runner)
+                .bind(sql_count(limit))
+                .bind(task_types)
+                .bind(sql_millis(lease))
+                .bind(ring_start)
+                .bind(at.map(|k| k.tenant.as_str()))
+                .bind(at.map(|k| k.task_type.as_str()))
+                .bind(at.map(|k| k.priority))
+                .bind(at.map(|k| k.run_at))
+                .bind(at.map(|k| k.id))
+                .fetch_all(executor)
+                .await?;
+            cursor.advance(&rows, from_head);
+            rows
+        }
+    };
     Ok(rows.into_iter().map(ClaimRow::into_task).collect())
+}
+
+/// How long a claimer goes on from its cursor before it claims from the head of the queue
+/// again. A task that became due behind the cursor (enqueued by a transaction that started
+/// earlier, released or rescued with its old `run_at`) waits at most this long while the
+/// queue has a backlog ahead of the cursor; with an empty queue it is claimed at once. About
+/// the runner's vacuum interval: the claim from the head walks the entries claimed since the
+/// last vacuum, which a vacuum removes.
+const CURSOR_SPAN: Duration = Duration::from_secs(1);
+
+/// Where a claimer's last fair claim from a single queue ended: the key, in claim order
+/// (priority descending, then `run_at`, then id), of the last task it took. Owned by one
+/// claimer (one claim lane, one bench claimer); nothing of it is stored in the database.
+#[derive(Debug, Default)]
+pub struct ClaimCursor {
+    at: Option<CursorKey>,
+    /// When this run of claims from the cursor began, with a claim from the head.
+    since: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct CursorKey {
+    tenant: String,
+    task_type: String,
+    priority: i32,
+    run_at: DateTime<Utc>,
+    id: TaskId,
+}
+
+impl ClaimCursor {
+    /// The key to claim from, unless the span since the last claim from the head ran out.
+    fn current(&self) -> Option<&CursorKey> {
+        let fresh = self.since.is_some_and(|since| since.elapsed() < CURSOR_SPAN);
+        self.at.as_ref().filter(|_| fresh)
+    }
+
+    /// Moves the cursor to the last of `rows` in claim order; `from_head`: the claim had no
+    /// cursor. No rows, or rows of the general claim (no priority: many queues), end the run:
+    /// the next claim starts at the head.
+    fn advance(&mut self, rows: &[ClaimRow], from_head: bool) {
+        let general = rows.iter().any(|r| r.priority.is_none());
+        let last =
+            rows.iter().filter(|_| !general).max_by_key(|r| (Reverse(r.priority), r.run_at, r.id));
+        let Some((row, Some(priority))) = last.map(|r| (r, r.priority)) else {
+            *self = Self::default();
+            return;
+        };
+        if from_head {
+            self.since = Some(Instant::now());
+        }
+        self.at = Some(CursorKey {
+            tenant: row.tenant.clone(),
+            task_type: row.task_type.clone(),
+            priority,
+            run_at: row.run_at,
+            id: row.id,
+        });
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -93,6 +194,10 @@ struct ClaimRow {
     backoff_cap_ms: Option<i64>,
     max_running: Option<i32>,
     max_result_bytes: Option<i64>,
+    /// The task's priority, for the claimer's cursor: only the single-queue path of
+    /// `sweep_claim_from` returns it (null from the general claim, absent from `sweep_claim`).
+    #[sqlx(default)]
+    priority: Option<i32>,
 }
 
 impl ClaimRow {
@@ -191,6 +296,12 @@ const CLAIM: &str = r#"
     left join sweep.tenants t on t.name = c.tenant
     "#;
 
+const CLAIM_FROM: &str = r#"
+    select c.*, t.max_result_bytes
+    from sweep.sweep_claim_from($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) c
+    left join sweep.tenants t on t.name = c.tenant
+    "#;
+
 const HEARTBEAT: &str = concat!(
     r#"
     with beat as (
@@ -255,4 +366,4 @@ const RELEASE: &str = concat!(
 );
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] =
-    statements![CLAIM, HEARTBEAT, CANCEL_REQUESTS, RELEASE];
+    statements![CLAIM, CLAIM_FROM, HEARTBEAT, CANCEL_REQUESTS, RELEASE];

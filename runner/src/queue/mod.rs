@@ -118,7 +118,10 @@ mod tokens;
 mod types;
 mod views;
 
-pub use claim::{cancel_requests, claim, claim_batch, heartbeat_leases, release_batch, ClaimMode};
+pub use claim::{
+    cancel_requests, claim, claim_batch, claim_from, heartbeat_leases, release_batch, ClaimCursor,
+    ClaimMode,
+};
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
 pub use copy::COPY_MIN_BATCH;
 pub use dead::{
