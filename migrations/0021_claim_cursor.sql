@@ -3,8 +3,8 @@
 --
 -- Why: a claim scans `tasks_queue` from the head of its queue. Every task claimed since the
 -- last vacuum left an entry there (its row version before the claim), and every claim walks
--- past all of them before it reaches a due task: in a drain at ~30,000 tasks/s that walk was
--- a fifth of Postgres's time even with the runner vacuuming every second. A claimer that
+-- past all of them before it reaches a due task: `perf` put that walk at 20-30% of
+-- Postgres's samples in pgbench runs of the claim between vacuums. A claimer that
 -- remembers the key (priority, run_at, id) of the last task it claimed can start its scan
 -- there instead, and walks only what other claimers took since its own last claim.
 --
@@ -24,9 +24,10 @@
 -- first-come-first-served up to that bound, as it already was up to SKIP LOCKED.
 --
 -- Only the single-queue path (one due queue, no limits: a runner draining one task type)
--- uses a cursor. Every other claim, and any claim whose cursor belongs to another queue, is
--- 0020's `sweep_claim`, called as it is (its rows come back with a null priority, which tells
--- the runner to drop its cursor). 0020's function stays for runners of the previous version
+-- uses a cursor; a claim without one, or with another queue's, starts at the queue's head,
+-- and returns the priorities the claimer's next cursor is made of. Every other claim is
+-- 0020's `sweep_claim`, called as it is; its rows come back with a null priority, which tells
+-- the claimer to drop its cursor. 0020's function stays for runners of the previous version
 -- during a rolling upgrade.
 
 create function sweep.sweep_claim_from(p_runner uuid, p_limit bigint, p_task_types text[],
@@ -76,51 +77,69 @@ begin
             at_id := p_cursor_id;
         end if;
         return query
+        -- The ranges in order, each a subquery of its own (FOR UPDATE is not allowed on a
+        -- UNION). The append runs them one after another and stops as soon as the claim is
+        -- full: a range after the one that filled it is never scanned, and rows are locked
+        -- only as they are taken.
         with picked as materialized (
             select u.ctid, u.id from (
-                -- No cursor: from the head (a one-time filter; the ranges below compare
-                -- with null then, which an index scan knows matches nothing).
-                (select r.ctid, r.id from (select t.ctid, t.id from tasks t
-                  where t.tenant = only_tenant and t.task_type = only_type
-                    and t.state in ('pending', 'retrying') and t.run_at <= now()
-                    and at_id is null
-                  order by t.priority desc, t.run_at, t.id
-                  limit p_limit
-                  for update skip locked) r)
+                -- No cursor: from the head (a one-time filter). The ranges below then compare
+                -- with null, which an index scan knows to match nothing.
+                select * from (
+                    select t.ctid, t.id from tasks t
+                    where t.tenant = only_tenant and t.task_type = only_type
+                      and t.state in ('pending', 'retrying') and t.run_at <= now()
+                      and at_id is null
+                    order by t.priority desc, t.run_at, t.id
+                    limit p_limit
+                    for update skip locked
+                ) r0
                 union all
-                (select r.ctid, r.id from (select t.ctid, t.id from tasks t
-                  where t.tenant = only_tenant and t.task_type = only_type
-                    and t.state in ('pending', 'retrying') and t.run_at <= now()
-                    and t.priority > at_priority
-                  order by t.priority desc, t.run_at, t.id
-                  limit p_limit
-                  for update skip locked) r)
+                -- 1. more urgent than the cursor
+                select * from (
+                    select t.ctid, t.id from tasks t
+                    where t.tenant = only_tenant and t.task_type = only_type
+                      and t.state in ('pending', 'retrying') and t.run_at <= now()
+                      and t.priority > at_priority
+                    order by t.priority desc, t.run_at, t.id
+                    limit p_limit
+                    for update skip locked
+                ) r1
                 union all
-                (select r.ctid, r.id from (select t.ctid, t.id from tasks t
-                  where t.tenant = only_tenant and t.task_type = only_type
-                    and t.state in ('pending', 'retrying') and t.run_at <= now()
-                    and t.priority = at_priority
-                    and (t.run_at, t.id) > (at_run_at, at_id)
-                  order by t.priority desc, t.run_at, t.id
-                  limit p_limit
-                  for update skip locked) r)
+                -- 2. after the cursor
+                select * from (
+                    select t.ctid, t.id from tasks t
+                    where t.tenant = only_tenant and t.task_type = only_type
+                      and t.state in ('pending', 'retrying') and t.run_at <= now()
+                      and t.priority = at_priority
+                      and (t.run_at, t.id) > (at_run_at, at_id)
+                    order by t.priority desc, t.run_at, t.id
+                    limit p_limit
+                    for update skip locked
+                ) r2
                 union all
-                (select r.ctid, r.id from (select t.ctid, t.id from tasks t
-                  where t.tenant = only_tenant and t.task_type = only_type
-                    and t.state in ('pending', 'retrying') and t.run_at <= now()
-                    and t.priority = at_priority
-                    and (t.run_at, t.id) <= (at_run_at, at_id)
-                  order by t.priority desc, t.run_at, t.id
-                  limit p_limit
-                  for update skip locked) r)
+                -- 3. stragglers, up to the cursor
+                select * from (
+                    select t.ctid, t.id from tasks t
+                    where t.tenant = only_tenant and t.task_type = only_type
+                      and t.state in ('pending', 'retrying') and t.run_at <= now()
+                      and t.priority = at_priority
+                      and (t.run_at, t.id) <= (at_run_at, at_id)
+                    order by t.priority desc, t.run_at, t.id
+                    limit p_limit
+                    for update skip locked
+                ) r3
                 union all
-                (select r.ctid, r.id from (select t.ctid, t.id from tasks t
-                  where t.tenant = only_tenant and t.task_type = only_type
-                    and t.state in ('pending', 'retrying') and t.run_at <= now()
-                    and t.priority < at_priority
-                  order by t.priority desc, t.run_at, t.id
-                  limit p_limit
-                  for update skip locked) r)
+                -- 4. less urgent than the cursor
+                select * from (
+                    select t.ctid, t.id from tasks t
+                    where t.tenant = only_tenant and t.task_type = only_type
+                      and t.state in ('pending', 'retrying') and t.run_at <= now()
+                      and t.priority < at_priority
+                    order by t.priority desc, t.run_at, t.id
+                    limit p_limit
+                    for update skip locked
+                ) r4
             ) u
             limit p_limit
         ),
