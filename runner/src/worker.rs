@@ -324,8 +324,9 @@ impl Worker {
     /// One claim lane: waits for room (free slots plus the buffer claimed ahead, see
     /// `intake`), claims up to that many due tasks (at most a batch), spawns each, and sleeps
     /// on NOTIFY or the poll interval when nothing is due. While every slot is busy, a wake-up
-    /// lets it claim into the spare slots instead. Several lanes keep several claims in flight.
-    /// Returns how many tasks it claimed.
+    /// lets it claim into the spare slots instead. Several lanes keep several claims in flight,
+    /// each with its own claim cursor (`queue::ClaimCursor`): its next claim from a single due
+    /// queue starts where its last one ended. Returns how many tasks it claimed.
     async fn claim_loop(self, lane: Lane) -> u64 {
         let mut claimed_total = 0;
         let mut stop = lane.stop.clone();
