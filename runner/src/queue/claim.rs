@@ -367,3 +367,74 @@ const RELEASE: &str = concat!(
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] =
     statements![CLAIM, CLAIM_FROM, HEARTBEAT, CANCEL_REQUESTS, RELEASE];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: TaskId, priority: Option<i32>, run_at_secs: i64) -> ClaimRow {
+        let at = DateTime::from_timestamp(run_at_secs, 0).unwrap_or_default();
+        ClaimRow {
+            id,
+            tenant: "t".into(),
+            task_type: "q".into(),
+            payload: Value::Null,
+            attempt: 1,
+            max_attempts: 3,
+            run_at: at,
+            created_at: at,
+            version: None,
+            sha256: None,
+            fuel: None,
+            timeout_ms: None,
+            memory_bytes: None,
+            module_max_attempts: None,
+            backoff_base_ms: None,
+            backoff_cap_ms: None,
+            max_running: None,
+            max_result_bytes: None,
+            priority,
+        }
+    }
+
+    fn key(cursor: &ClaimCursor) -> Option<(i32, i64, TaskId)> {
+        cursor.current().map(|k| (k.priority, k.run_at.timestamp(), k.id))
+    }
+
+    #[test]
+    fn the_cursor_sits_at_the_last_task_in_claim_order() {
+        let mut cursor = ClaimCursor::default();
+        assert!(cursor.current().is_none(), "a new claimer claims from the head");
+        // Claim order: priority descending, then run_at, then id; rows come back unordered.
+        let rows = [row(7, Some(0), 100), row(3, Some(5), 900), row(9, Some(0), 50)];
+        cursor.advance(&rows, true);
+        assert_eq!(key(&cursor), Some((0, 100, 7)));
+        cursor.advance(&[row(4, Some(0), 100), row(2, Some(0), 100)], false);
+        assert_eq!(key(&cursor), Some((0, 100, 4)));
+    }
+
+    #[test]
+    fn rows_of_the_general_claim_or_none_end_the_run() {
+        let mut cursor = ClaimCursor::default();
+        cursor.advance(&[row(1, Some(0), 1)], true);
+        assert!(cursor.current().is_some());
+        cursor.advance(&[row(2, Some(0), 1), row(3, None, 1)], false);
+        assert!(cursor.current().is_none(), "many queues: no cursor");
+        cursor.advance(&[row(4, Some(0), 1)], true);
+        cursor.advance(&[], false);
+        assert!(cursor.current().is_none(), "nothing due: back to the head");
+    }
+
+    #[test]
+    fn a_run_from_the_cursor_ends_after_its_span() {
+        let mut cursor = ClaimCursor::default();
+        cursor.advance(&[row(1, Some(0), 1)], true);
+        cursor.since = Instant::now().checked_sub(CURSOR_SPAN);
+        assert!(cursor.current().is_none(), "the next claim goes back to the head");
+        // A claim from the head starts a new run; one from the cursor does not extend it.
+        cursor.advance(&[row(2, Some(0), 1)], false);
+        assert!(cursor.current().is_none());
+        cursor.advance(&[row(3, Some(0), 1)], true);
+        assert_eq!(key(&cursor), Some((0, 1, 3)));
+    }
+}
