@@ -53,10 +53,12 @@ declare
     only_tenant   text;
     only_type     text;
     limited       boolean;
-    -- The cursor, if it is this queue's (else null: the claim starts at the queue's head).
-    at_priority   integer;
-    at_run_at     timestamptz;
-    at_id         bigint;
+    -- The cursor if it is this queue's, else the key before every task (the highest priority,
+    -- the earliest time, the lowest id): from there the ranges below are the queue's order
+    -- from its head (range 2 holds the tasks of the highest priority, range 4 the rest).
+    at_priority   integer     := 2147483647;
+    at_run_at     timestamptz := '-infinity';
+    at_id         bigint      := -9223372036854775808;
 begin
     select count(*), min(d.tenant), min(d.task_type), bool_or(d.limited)
     into due_queues, only_tenant, only_type, limited
@@ -83,18 +85,6 @@ begin
         -- only as they are taken.
         with picked as materialized (
             select u.ctid, u.id from (
-                -- No cursor: from the head (a one-time filter). The ranges below then compare
-                -- with null, which an index scan knows to match nothing.
-                select * from (
-                    select t.ctid, t.id from tasks t
-                    where t.tenant = only_tenant and t.task_type = only_type
-                      and t.state in ('pending', 'retrying') and t.run_at <= now()
-                      and at_id is null
-                    order by t.priority desc, t.run_at, t.id
-                    limit p_limit
-                    for update skip locked
-                ) r0
-                union all
                 -- 1. more urgent than the cursor
                 select * from (
                     select t.ctid, t.id from tasks t
