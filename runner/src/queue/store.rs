@@ -28,6 +28,14 @@ use super::MIGRATOR;
 /// The schema holding every Sweep object.
 pub const SCHEMA: &str = "sweep";
 
+/// A pooled connection idle at least this long is pinged before it is handed out (a failed
+/// ping drops it and the pool opens another), as sqlx does for every acquire by default.
+/// One used more recently is handed out as it is: the ping is a round trip on every claim,
+/// report and enqueue, and on an idle queue it was a tenth of the enqueue-to-start time. A
+/// connection that broke within the window fails its next statement instead, which every
+/// caller already handles (HikariCP's `aliveBypassWindowMs` makes the same trade, at 500 ms).
+const PING_AFTER_IDLE: Duration = Duration::from_millis(500);
+
 /// Who a store works for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -193,6 +201,15 @@ impl StoreOptions {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_AFTER_IDLE {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options)
             .await
             .map_err(connect_error)?;
