@@ -323,6 +323,37 @@ async fn a_drained_queue_is_found_again(_: PgPoolOptions, db: PgConnectOptions) 
     assert!((hint - later).num_milliseconds().abs() < 5, "{hint} vs {later}");
 }
 
+/// An enqueue that lowers a hint holds the queue row until it commits, so a claim that cannot
+/// see its task yet cannot clear the hint past it. The enqueue lowers the hint at once here
+/// (its task is earlier than the hint), which holds the row by the update's own lock.
+#[sqlx::test(migrations = false)]
+async fn a_claim_cannot_clear_a_hint_an_enqueue_in_flight_lowered(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let runner = new_runner();
+    let first = queue::enqueue(&pool, task("t", 1)).await.unwrap().id;
+
+    let mut tx = pool.begin().await.unwrap();
+    let earlier = chrono::Utc::now() - chrono::Duration::minutes(1);
+    let in_flight = queue::enqueue(&mut *tx, task("t", 2).run_at(earlier)).await.unwrap().id;
+    // The claim sees the committed hint, takes the one task it can see and comes up short:
+    // it would clear the hint, but the enqueue holds the row.
+    assert_eq!(claim(&pool, runner, 5).await.iter().map(|c| c.id).collect::<Vec<_>>(), [first]);
+    tx.commit().await.unwrap();
+
+    let hint: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("select next_run_at from sweep.queues where task_type = 't'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(hint.is_some_and(|h| (h - earlier).num_milliseconds().abs() < 5), "{hint:?}");
+    let found = claim(&pool, runner, 5).await;
+    assert_eq!(found.iter().map(|c| c.id).collect::<Vec<_>>(), [in_flight]);
+}
+
 #[sqlx::test(migrations = false)]
 async fn the_hint_repair_finds_work_the_hints_missed(_: PgPoolOptions, db: PgConnectOptions) {
     let db = migrated(db).await;
