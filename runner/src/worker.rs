@@ -63,7 +63,10 @@ use self::intake::{Intake, Reservation, Ticket};
 use self::liveness::{HeldLeases, Hold, Reachability};
 use crate::{
     config::WorkerConfig,
-    queue::{self, ClaimCursor, ClaimMode, ClaimedTask, QueueError, Role, Store, TaskId, Wakeups},
+    queue::{
+        self, ClaimCursor, ClaimMode, ClaimedTask, Conn, Connects, QueueError, Role, Store, TaskId,
+        Wakeups,
+    },
     sandbox::{ModuleCache, Sandbox, SandboxError},
 };
 
@@ -325,12 +328,12 @@ impl Worker {
     /// `intake`), claims up to that many due tasks (at most a batch), spawns each, and sleeps
     /// on NOTIFY or the poll interval when nothing is due. While every slot is busy, a wake-up
     /// lets it claim into the spare slots instead. Several lanes keep several claims in flight,
-    /// each with its own claim cursor (`queue::ClaimCursor`): its next claim from a single due
-    /// queue starts where its last one ended. Returns how many tasks it claimed.
+    /// each with its own claim cursor and connection ([`LaneClaims`]). Returns how many tasks
+    /// it claimed.
     async fn claim_loop(self, lane: Lane) -> u64 {
         let mut claimed_total = 0;
         let mut stop = lane.stop.clone();
-        let mut cursor = ClaimCursor::default();
+        let mut held = LaneClaims::default();
         loop {
             let seats = tokio::select! {
                 biased;
@@ -342,7 +345,7 @@ impl Worker {
                 },
             };
             let mode = seats.mode();
-            match self.claim_into(&lane, seats, &mut cursor).await {
+            match self.claim_into(&lane, seats, &mut held).await {
                 Claimed::Tasks(n) => {
                     claimed_total += n;
                     if n == 0 && mode == ClaimMode::Fair {
@@ -362,21 +365,11 @@ impl Worker {
 
     /// Claims as many tasks as `seats` has room for, in their mode, and spawns them; room no
     /// task took goes back when the seats drop.
-    async fn claim_into(&self, lane: &Lane, seats: Seats, cursor: &mut ClaimCursor) -> Claimed {
+    async fn claim_into(&self, lane: &Lane, seats: Seats, held: &mut LaneClaims) -> Claimed {
         let (want, mode) = (seats.len(), seats.mode());
         let _in_flight = (mode == ClaimMode::Fair).then(|| FairClaim::start(lane));
         let sent = std::time::Instant::now();
-        let claimed = match queue::claim_from(
-            &self.store,
-            self.id,
-            want,
-            &self.config.task_types,
-            self.config.lease,
-            mode,
-            cursor,
-        )
-        .await
-        {
+        let claimed = match self.claim_on(held, want, mode).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "claim failed; retrying after the poll interval");
@@ -411,6 +404,35 @@ impl Worker {
             self.spawn_task(task, seat, hold, lane);
         }
         Claimed::Tasks(count)
+    }
+
+    /// One claim statement on the lane's connection, taken from the pool first if the lane
+    /// has none; a connection whose claim failed is dropped (it may be broken), so the next
+    /// claim takes a fresh one.
+    async fn claim_on(
+        &self,
+        held: &mut LaneClaims,
+        want: usize,
+        mode: ClaimMode,
+    ) -> Result<Vec<ClaimedTask>, QueueError> {
+        let conn = match &mut held.conn {
+            Some(conn) => conn,
+            None => held.conn.insert((&self.store).connect().await?),
+        };
+        let claimed = queue::claim_from(
+            conn,
+            self.id,
+            want,
+            &self.config.task_types,
+            self.config.lease,
+            mode,
+            &mut held.cursor,
+        )
+        .await;
+        if claimed.is_err() {
+            held.conn = None;
+        }
+        claimed
     }
 
     fn spawn_task(&self, task: ClaimedTask, seat: Seat, hold: Hold, lane: &Lane) {
@@ -567,6 +589,22 @@ async fn warm_modules(
 }
 
 /// What one claim of a lane came to.
+/// What a claim lane keeps from one claim to the next.
+///
+/// - Its claim cursor (`queue::ClaimCursor`): its next claim from a single due queue starts
+///   where its last one ended.
+/// - Its connection, held between claims rather than taken from the pool each time. The claim
+///   function is a large PL/pgSQL function, and each server process compiles and plans it
+///   on its first call: 5-25 ms, once per connection. Through the pool, the claims rotated
+///   over every connection the runner had opened, and on an idle queue each of those first
+///   calls fell on a task's way to its start (the p99 of enqueue-to-start). A held connection
+///   pays it once per lane, at the runner's first claim.
+#[derive(Default)]
+struct LaneClaims {
+    cursor: ClaimCursor,
+    conn: Option<Conn<sqlx::pool::PoolConnection<sqlx::Postgres>>>,
+}
+
 enum Claimed {
     /// This many tasks were claimed and spawned (0: nothing was due).
     Tasks(u64),
