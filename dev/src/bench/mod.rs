@@ -264,9 +264,13 @@ async fn latency(store: &Store, n: usize, rate: u32, args: &WorkerArgs) -> anyho
     let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
     // When each enqueue's commit was acknowledged, on the same host clock Postgres uses.
     let mut acked = Vec::with_capacity(n);
+    // How long each enqueue call took, statement and synchronous commit.
+    let mut calls = Vec::with_capacity(n);
     for i in 0..n {
         tick.tick().await;
+        let called = Instant::now();
         let id = queue::enqueue(pool, NewTask::new("noop", json!({ "i": i }))).await?.id;
+        calls.push(called.elapsed().as_secs_f64());
         acked.push((id, chrono::Utc::now()));
         bar.inc(1);
     }
@@ -279,25 +283,30 @@ async fn latency(store: &Store, n: usize, rate: u32, args: &WorkerArgs) -> anyho
     println!("{n} tasks enqueued one at a time at {rate}/s into an idle queue");
     print_latency("enqueue statement start to attempt start (includes the enqueue's commit)", pool)
         .await?;
+    print_percentiles("the enqueue call itself (statement and commit)", calls);
     let ids: Vec<i64> = acked.iter().map(|(id, _)| *id).collect();
     let started = fixtures::started_at(pool, &ids).await?;
-    let mut waits: Vec<f64> = acked
+    let waits: Vec<f64> = acked
         .iter()
         .zip(started)
         .filter_map(|((_, ack), (_, start))| start.map(|s| (s - *ack).as_seconds_f64()))
         .collect();
-    waits.sort_by(f64::total_cmp);
-    let at = |q: f64| waits.get(((waits.len() as f64 - 1.0) * q).round() as usize).copied();
+    print_percentiles("commit acknowledged to attempt start (the wake-up path)", waits);
+    Ok(())
+}
+
+/// Prints the p50, p95 and p99 of `seconds` in milliseconds (nothing for an empty sample).
+fn print_percentiles(what: &str, mut seconds: Vec<f64>) {
+    seconds.sort_by(f64::total_cmp);
+    let at = |q: f64| seconds.get(((seconds.len() as f64 - 1.0) * q).round() as usize).copied();
     if let (Some(p50), Some(p95), Some(p99)) = (at(0.5), at(0.95), at(0.99)) {
         println!(
-            "commit acknowledged to attempt start (the wake-up path): p50 {:.2} ms  p95 {:.2} ms  \
-             p99 {:.2} ms",
+            "{what}: p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms",
             p50 * 1000.0,
             p95 * 1000.0,
             p99 * 1000.0
         );
     }
-    Ok(())
 }
 
 async fn print_latency(what: &str, pool: &PgPool) -> anyhow::Result<()> {
