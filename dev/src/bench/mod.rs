@@ -2,8 +2,9 @@
 //!
 //! - `throughput`: bulk-enqueue N no-op tasks, run one runner until they are drained, report
 //!   tasks/s and enqueue-to-start latency percentiles.
-//! - `latency`: enqueue one task at a time at a fixed rate into an idle queue and report the
-//!   wake-up latency distribution (enqueue commit to attempt start, NOTIFY path).
+//! - `latency`: enqueue one task at a time at a fixed rate into an idle queue, through a pool
+//!   of the bench's own as an application would, and report the latency distribution from the
+//!   enqueue statement's start and from its commit (the NOTIFY path) to the attempt's start.
 //!
 //! - `enqueue`: bulk enqueue throughput through the library (COPY and INSERT) and the admin
 //!   API's batch route, no runner (see `bench/enqueue.rs`).
@@ -148,7 +149,9 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchMode::Throughput { tasks, retained, worker } => {
             throughput(&store, tasks, retained, &worker, args.sql_limit).await
         }
-        BenchMode::Latency { tasks, rate, worker } => latency(&store, tasks, rate, &worker).await,
+        BenchMode::Latency { tasks, rate, worker } => {
+            latency(&store, url, tasks, rate, &worker).await
+        }
         BenchMode::Enqueue(args) => enqueue::enqueue(&store, url, &args).await,
         BenchMode::Fairness(fair) => fairness::fairness(url, &args.modules_dir, &fair).await,
         BenchMode::Compile(compile) => compile::compile(url, &compile).await,
@@ -248,11 +251,20 @@ async fn throughput(
     print_latency("enqueue-to-start", pool).await
 }
 
-async fn latency(store: &Store, n: usize, rate: u32, args: &WorkerArgs) -> anyhow::Result<()> {
+async fn latency(
+    store: &Store,
+    url: &str,
+    n: usize,
+    rate: u32,
+    args: &WorkerArgs,
+) -> anyhow::Result<()> {
     let pool = store.pool();
     if rate == 0 {
         bail!("--rate must be at least 1");
     }
+    // The tasks are enqueued as an application would: through a pool of its own, with sqlx's
+    // defaults, not through the runner's connections.
+    let app = PgPool::connect(url).await.context("opening the enqueuing application's pool")?;
     let worker = Worker::new(store, args.to_config())?;
     let (stop, stopped) = oneshot::channel::<()>();
     let runner = tokio::spawn(worker.run(async {
@@ -269,7 +281,7 @@ async fn latency(store: &Store, n: usize, rate: u32, args: &WorkerArgs) -> anyho
     for i in 0..n {
         tick.tick().await;
         let called = Instant::now();
-        let id = queue::enqueue(pool, NewTask::new("noop", json!({ "i": i }))).await?.id;
+        let id = queue::enqueue(&app, NewTask::new("noop", json!({ "i": i }))).await?.id;
         calls.push(called.elapsed().as_secs_f64());
         acked.push((id, chrono::Utc::now()));
         bar.inc(1);
