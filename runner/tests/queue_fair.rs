@@ -50,6 +50,15 @@ fn count(map: &HashMap<String, i64>, key: &str) -> i64 {
     map.get(key).copied().unwrap_or(0)
 }
 
+/// The hint (`next_run_at`) of the queue of `task_type`, a test's only queue of that type.
+async fn hint_of(pool: &PgPool, task_type: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    sqlx::query_scalar("select next_run_at from sweep.queues where task_type = $1")
+        .bind(task_type)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 async fn complete(pool: &PgPool, runner: Uuid, tasks: &[ClaimedTask]) {
     let done: Vec<_> = tasks.iter().map(|c| completion(c, json!({}))).collect();
     let lost = queue::complete_batch(pool, runner, &done).await.expect("complete");
@@ -287,11 +296,7 @@ async fn a_drained_queue_is_found_again(_: PgPoolOptions, db: PgConnectOptions) 
     enqueue_n(&pool, "t", 2).await;
     let first = claim(&pool, runner, 5).await;
     assert_eq!(first.len(), 2);
-    let hint: Option<chrono::DateTime<chrono::Utc>> =
-        sqlx::query_scalar("select next_run_at from sweep.queues where task_type = 't'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let hint = hint_of(&pool, "t").await;
     assert_eq!(hint, None, "the claim that came up short cleared the hint");
 
     // A retry makes it due again...
@@ -314,11 +319,7 @@ async fn a_drained_queue_is_found_again(_: PgPoolOptions, db: PgConnectOptions) 
     queue::enqueue(&pool, task("t", 9).run_at(later)).await.unwrap();
     let now_id = queue::enqueue(&pool, task("t", 10)).await.unwrap().id;
     assert_eq!(claim(&pool, runner, 5).await.iter().map(|c| c.id).collect::<Vec<_>>(), [now_id]);
-    let hint: Option<chrono::DateTime<chrono::Utc>> =
-        sqlx::query_scalar("select next_run_at from sweep.queues where task_type = 't'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let hint = hint_of(&pool, "t").await;
     let hint = hint.expect("the scheduled task keeps a hint");
     assert!((hint - later).num_milliseconds().abs() < 5, "{hint} vs {later}");
 }
@@ -344,11 +345,7 @@ async fn a_claim_cannot_clear_a_hint_an_enqueue_in_flight_lowered(
     assert_eq!(claim(&pool, runner, 5).await.iter().map(|c| c.id).collect::<Vec<_>>(), [first]);
     tx.commit().await.unwrap();
 
-    let hint: Option<chrono::DateTime<chrono::Utc>> =
-        sqlx::query_scalar("select next_run_at from sweep.queues where task_type = 't'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let hint = hint_of(&pool, "t").await;
     assert!(hint.is_some_and(|h| (h - earlier).num_milliseconds().abs() < 5), "{hint:?}");
     let found = claim(&pool, runner, 5).await;
     assert_eq!(found.iter().map(|c| c.id).collect::<Vec<_>>(), [in_flight]);
