@@ -14,10 +14,11 @@
 -- until this transaction commits, which conflicts with the FOR UPDATE a claim or the hint
 -- repair needs to raise or clear the hint, exactly as KEY SHARE does. So the call first tries
 -- to lower every queue's hint, skipping rows it cannot lock at once; when that lowered all of
--- them, it is done. Otherwise (a queue row that does not exist yet, a hint that is already
--- early enough, a row another transaction holds) it runs 0015's function, unchanged: the
--- rows it lowered here it holds already, and the rest get the KEY SHARE lock and the second
--- look they always got. The cost of the fallback is one more probe per queue.
+-- them, it is done. Otherwise the rest get the KEY SHARE lock and the fresh look at their
+-- hint they always got (a hint already early enough, the common case on a busy queue, needs
+-- nothing more), and a hint found late, because another transaction held its row, is
+-- lowered by a second pass. A queue with no row yet goes to 0015's function, renamed
+-- `sweep_wake_queues_locking`, which creates it as it always did.
 
 alter function sweep.sweep_wake_queues(text[], text[], timestamptz[])
     rename to sweep_wake_queues_locking;
@@ -28,27 +29,51 @@ returns void language plpgsql volatile
 set search_path = sweep
 as $$
 declare
+    -- Callers pass each queue once (one entry per distinct queue of their rows).
+    queues  integer := cardinality(p_tenant);
     lowered bigint;
+    held    bigint;
+    late    bigint;
 begin
-    -- Callers pass each queue once (one entry per distinct queue of their rows), so every
-    -- queue was lowered when as many rows were.
-    with l as (
-        update queues q set next_run_at = l.run_at
+    -- Two passes at most: a hint the first pass could not lower because another transaction
+    -- held its row is lowered by the second, after the KEY SHARE lock waited for that one.
+    for pass in 1..2 loop
+        with l as (
+            update queues q set next_run_at = l.run_at
+            from (
+                select q2.ctid, w.run_at
+                from queues q2
+                join unnest(p_tenant, p_task_type, p_run_at) as w(tenant, task_type, run_at)
+                  on q2.tenant = w.tenant and q2.task_type = w.task_type
+                where q2.next_run_at is null or q2.next_run_at > w.run_at
+                order by q2.tenant, q2.task_type
+                for no key update of q2 skip locked
+            ) l
+            where q.ctid = l.ctid
+            returning 1
+        )
+        select count(*) into lowered from l;
+        exit when pass = 2 or lowered = queues;
+
+        -- The rest: KEY SHARE (rows lowered above are held already), with a fresh look at
+        -- each hint once its row is locked.
+        select count(*), count(*) filter (where k.next_run_at is null or k.next_run_at > k.run_at)
+        into held, late
         from (
-            select q2.ctid, w.run_at
-            from queues q2
+            select q.next_run_at, w.run_at
+            from queues q
             join unnest(p_tenant, p_task_type, p_run_at) as w(tenant, task_type, run_at)
-              on q2.tenant = w.tenant and q2.task_type = w.task_type
-            where q2.next_run_at is null or q2.next_run_at > w.run_at
-            order by q2.tenant, q2.task_type
-            for no key update of q2 skip locked
-        ) l
-        where q.ctid = l.ctid
-        returning 1
-    )
-    select count(*) into lowered from l;
-    if lowered < cardinality(p_tenant) then
-        perform sweep_wake_queues_locking(p_tenant, p_task_type, p_run_at);
-    end if;
+              on q.tenant = w.tenant and q.task_type = w.task_type
+            order by q.tenant, q.task_type
+            for key share of q
+        ) k;
+        if held < queues then
+            -- A queue without a row yet: 0015's function creates it, copying its tenant's
+            -- state, and does the rest as it always did.
+            perform sweep_wake_queues_locking(p_tenant, p_task_type, p_run_at);
+            return;
+        end if;
+        exit when late = 0;
+    end loop;
 end
 $$;

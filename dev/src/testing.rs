@@ -32,6 +32,25 @@ pub async fn claim(pool: &PgPool, runner: Uuid, n: usize) -> Vec<ClaimedTask> {
     queue::claim_batch(pool, runner, n, &[], LEASE).await.expect("claim")
 }
 
+/// Waits until `n` backends of this test's database wait on a lock.
+pub async fn backends_waiting_on_a_lock(pool: &PgPool, n: i64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "select count(*) from pg_stat_activity
+             where datname = current_database() and wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting >= n {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{waiting} of {n} backends blocked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A successful report of claimed task `c` with `result` (no module sha, no logs).
 pub fn completion(c: &ClaimedTask, result: serde_json::Value) -> queue::Completion {
     queue::Completion { id: c.id, attempt: c.attempt, result, module_sha256: None, logs: None }

@@ -588,7 +588,6 @@ async fn warm_modules(
     }
 }
 
-/// What one claim of a lane came to.
 /// What a claim lane keeps from one claim to the next.
 ///
 /// - Its claim cursor (`queue::ClaimCursor`): its next claim from a single due queue starts
@@ -605,6 +604,7 @@ struct LaneClaims {
     conn: Option<Conn<sqlx::pool::PoolConnection<sqlx::Postgres>>>,
 }
 
+/// What one claim of a lane came to.
 enum Claimed {
     /// This many tasks were claimed and spawned (0: nothing was due).
     Tasks(u64),

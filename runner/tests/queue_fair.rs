@@ -351,6 +351,35 @@ async fn a_claim_cannot_clear_a_hint_an_enqueue_in_flight_lowered(
     assert_eq!(found.iter().map(|c| c.id).collect::<Vec<_>>(), [in_flight]);
 }
 
+/// An enqueue that meets its queue row held by a claim (clearing the hint) waits for that claim
+/// and then lowers the hint it cleared, so its task is found without the hint repair.
+#[sqlx::test(migrations = false)]
+async fn an_enqueue_lowers_a_hint_a_claim_was_clearing(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let runner = new_runner();
+    enqueue_n(&pool, "t", 1).await;
+    assert_eq!(claim(&pool, runner, 5).await.len(), 1);
+    assert_eq!(hint_of(&pool, "t").await, None, "the short claim cleared the hint");
+
+    // The row as a claim clearing the hint holds it.
+    let mut clearing = pool.begin().await.unwrap();
+    sqlx::query("select 1 from sweep.queues where task_type = 't' for update")
+        .execute(&mut *clearing)
+        .await
+        .unwrap();
+    let enqueuing = tokio::spawn({
+        let pool = pool.clone();
+        async move { queue::enqueue(&pool, task("t", 2)).await }
+    });
+    backends_waiting_on_a_lock(&pool, 1).await;
+    clearing.commit().await.unwrap();
+    let id = enqueuing.await.unwrap().unwrap().id;
+
+    assert!(hint_of(&pool, "t").await.is_some(), "the enqueue lowered the hint after the claim");
+    assert_eq!(claim(&pool, runner, 5).await.iter().map(|c| c.id).collect::<Vec<_>>(), [id]);
+}
+
 #[sqlx::test(migrations = false)]
 async fn the_hint_repair_finds_work_the_hints_missed(_: PgPoolOptions, db: PgConnectOptions) {
     let db = migrated(db).await;

@@ -235,25 +235,6 @@ async fn large_mixed_batches_apply_each_report_to_its_own_task(
     }
 }
 
-/// Waits until `n` backends of this test's database wait on a lock.
-async fn backends_waiting_on_a_lock(pool: &PgPool, n: i64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "select count(*) from pg_stat_activity
-             where datname = current_database() and wait_event_type = 'Lock'",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if waiting >= n {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{waiting} of {n} backends blocked");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[sqlx::test(migrations = false)]
 async fn reports_that_wait_behind_a_heartbeat_still_apply(_: PgPoolOptions, db: PgConnectOptions) {
     let db = migrated(db).await;

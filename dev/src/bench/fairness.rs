@@ -398,10 +398,7 @@ struct Percentiles {
 impl Percentiles {
     fn of(mut values: Vec<f64>) -> Self {
         values.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            let i = ((values.len().max(1) - 1) as f64 * q).round() as usize;
-            values.get(i).copied().unwrap_or(f64::NAN)
-        };
+        let at = |q| super::quantile(&values, q).unwrap_or(f64::NAN);
         Percentiles { count: values.len(), p50: at(0.5), p99: at(0.99) }
     }
 }

@@ -307,10 +307,16 @@ async fn latency(
     Ok(())
 }
 
+/// The `q` quantile (0 to 1) of `sorted`, nearest rank; `None` for an empty sample.
+fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    let last = sorted.len().checked_sub(1)?;
+    sorted.get((last as f64 * q).round() as usize).copied()
+}
+
 /// Prints the p50, p95 and p99 of `seconds` in milliseconds (nothing for an empty sample).
 fn print_percentiles(what: &str, mut seconds: Vec<f64>) {
     seconds.sort_by(f64::total_cmp);
-    let at = |q: f64| seconds.get(((seconds.len() as f64 - 1.0) * q).round() as usize).copied();
+    let at = |q| quantile(&seconds, q);
     if let (Some(p50), Some(p95), Some(p99)) = (at(0.5), at(0.95), at(0.99)) {
         println!(
             "{what}: p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms",
