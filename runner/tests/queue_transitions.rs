@@ -7,10 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
-use sqlx::{
-    postgres::{PgConnectOptions, PgPoolOptions},
-    PgPool,
-};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::queue::{self, ClaimedTask, Completion, Failure, QueueError, TaskState};
 use uuid::Uuid;
 
