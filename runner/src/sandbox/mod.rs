@@ -13,13 +13,15 @@
 //! - compile once (per sha256), instantiate per task: the linker is built once per
 //!   `Sandbox`, modules are kept as `InstancePre`, each run gets a fresh `Store`.
 //!
-//! Files: `config` (settings, limits), `engine` (engine + ticker), `limits` (structural
+//! Files: `capabilities` (what a run is given beyond computing: egress, HTTP limits,
+//! secrets as environment; what it used), `config` (settings, limits), `engine` (engine + ticker), `limits` (structural
 //! limits, compile budget), `compiler` (where compiles run: child process or in process),
 //! `module` (validation, compiled form), `cache` (sha256 -> compiled, bounded by bytes),
 //! `store` (per-task state), `run` (one task),
 //! `pipes` (bounded stdio), `outcome` (classification).
 
 mod cache;
+mod capabilities;
 mod compiler;
 mod config;
 #[cfg(test)]
@@ -41,6 +43,11 @@ use std::sync::Arc;
 use wasmtime::{Engine, Linker};
 
 pub use cache::{ModuleCache, DEFAULT_MODULE_CACHE_BYTES};
+pub use capabilities::{
+    is_public, Capabilities, EgressError, EgressPolicy, HttpLimits, Usage, DEFAULT_HTTP_REQUESTS,
+    DEFAULT_HTTP_REQUEST_TIMEOUT, DEFAULT_HTTP_RESPONSE_BYTES, MAX_EGRESS_ENTRIES,
+    MAX_EGRESS_ENTRY_BYTES,
+};
 pub use compiler::{
     compile_module_main, CompileStats, CompilerKind, COMPILE_NICE, COMPILE_SUBCOMMAND,
 };
