@@ -222,3 +222,64 @@ async fn the_store_refuses_a_schema_it_was_not_built_for(
     assert!(matches!(ahead, StoreError::SchemaAhead { .. }), "{ahead}");
     assert!(ahead.to_string().contains("newer"), "{ahead}");
 }
+
+#[sqlx::test(migrations = false)]
+async fn the_store_refuses_functions_that_are_not_its_own(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let db = migrated(options.clone()).await;
+    let installed = queue::installed_functions(&db.pool()).await.unwrap().expect("recorded");
+    assert_eq!(installed.sha256, queue::functions_sha256());
+    assert_eq!(installed.version, env!("CARGO_PKG_VERSION"));
+
+    // Another build's functions (same release): the store names the command, which fixes it.
+    sqlx::query("update sweep._functions set sha256 = repeat('0', 64)")
+        .execute(&db.pool())
+        .await
+        .unwrap();
+    let differ = Store::open_with(options.clone(), Role::Runner, 1).await.expect_err("differ");
+    assert!(matches!(differ, StoreError::FunctionsDiffer { .. }), "{differ}");
+    assert!(differ.to_string().contains("run `sweep migrate`"), "{differ}");
+    assert!(differ.to_string().contains("000000000000"), "names the installed hash: {differ}");
+    assert_eq!(queue::migrate_with(options.clone()).await.unwrap(), Vec::<i64>::new());
+    Store::open_with(options.clone(), Role::Runner, 1).await.expect("functions reinstalled");
+
+    // A newer release's functions: the store asks for a newer sweep, and migrate leaves them.
+    sqlx::query("update sweep._functions set sha256 = repeat('1', 64), sweep_version = '99.0.0'")
+        .execute(&db.pool())
+        .await
+        .unwrap();
+    let ahead = Store::open_with(options.clone(), Role::Admin, 1).await.expect_err("ahead");
+    assert!(matches!(ahead, StoreError::FunctionsAhead { .. }), "{ahead}");
+    assert!(ahead.to_string().contains("run a newer sweep"), "{ahead}");
+    let refused = queue::migrate_with(options.clone()).await.expect_err("no downgrade");
+    assert!(matches!(refused, StoreError::FunctionsAhead { .. }), "{refused}");
+    let kept = queue::installed_functions(&db.pool()).await.unwrap().expect("recorded");
+    assert_eq!((kept.sha256.as_str(), kept.version.as_str()), (&*"1".repeat(64), "99.0.0"));
+}
+
+#[sqlx::test(migrations = false)]
+async fn migrate_puts_back_a_function_changed_by_hand(_: PgPoolOptions, options: PgConnectOptions) {
+    let db = migrated(options.clone()).await;
+    let body = || async {
+        sqlx::query_scalar::<_, String>(
+            "select prosrc from pg_proc where oid = 'sweep.sweep_tenant_free_slots'::regproc",
+        )
+        .fetch_one(&db.pool())
+        .await
+        .unwrap()
+    };
+    let ours = body().await;
+    sqlx::raw_sql(
+        "create or replace function sweep.sweep_tenant_free_slots(p_tenant text, p_max integer)
+         returns integer language sql as 'select 0'",
+    )
+    .execute(&db.pool())
+    .await
+    .unwrap();
+    assert_ne!(body().await, ours);
+
+    queue::migrate_with(options).await.unwrap();
+    assert_eq!(body().await, ours, "every file is installed again, whatever the hash says");
+}

@@ -4,7 +4,7 @@
 //! the dashboard, the CLI's operator commands) each open their own [`Store`], so neither can
 //! take the other's connections and `pg_stat_activity` says who is who. No role sets
 //! connection-wide planner settings: the hot-path functions carry their own (`SET` clauses
-//! in migrations/0010_sweep_schema.sql), so they cannot leak into a stats read. The third role
+//! in runner/sql/), so they cannot leak into a stats read. The third role
 //! is the user's own connection or transaction: every queue function takes an executor, so an
 //! application enqueues (or completes a task) inside its transaction, with no store at all.
 //!
@@ -18,12 +18,12 @@
 use std::{sync::Arc, time::Duration};
 
 use sqlx::{
-    migrate::MigrateDatabase,
+    migrate::{Migrate, MigrateDatabase, Migrator},
     postgres::{PgConnectOptions, PgPoolOptions},
     Connection, Executor, PgConnection, PgExecutor, PgPool, Postgres,
 };
 
-use super::MIGRATOR;
+use super::{functions, MIGRATOR};
 
 /// The schema holding every Sweep object.
 pub const SCHEMA: &str = "sweep";
@@ -111,6 +111,30 @@ pub enum StoreError {
     SchemaAhead { applied: i64, known: i64 },
     #[error("migration {version} failed half-way earlier: run `sweep migrate` again")]
     SchemaDirty { version: i64 },
+    #[error("the database has no Sweep functions yet: run `sweep migrate` first")]
+    FunctionsMissing,
+    #[error(
+        "the database's Sweep functions (sha256 {installed_sha256}…, installed by sweep \
+         {installed}) are not this binary's ({ours_sha256}…, sweep {ours}): run `sweep migrate` \
+         with this binary first"
+    )]
+    FunctionsDiffer {
+        installed: String,
+        installed_sha256: String,
+        ours: String,
+        ours_sha256: String,
+    },
+    #[error(
+        "the database's Sweep functions were installed by sweep {installed}, newer than this \
+         binary ({ours}): run a newer sweep"
+    )]
+    FunctionsAhead { installed: String, ours: String },
+    #[error("installing the Sweep functions of runner/sql/{file}: {source}")]
+    Function {
+        file: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
     #[error(
         "the migration connection has search_path {search_path:?}, not the sweep it asked for: \
          something between Sweep and Postgres (a pooler?) dropped its startup options; \
@@ -229,10 +253,13 @@ pub struct Migrated {
     pub database_created: bool,
     /// The versions applied by this call, in order.
     pub applied: Vec<i64>,
+    /// SHA-256 of the SQL functions now installed (this binary's, `runner/sql/`).
+    pub functions_sha256: &'static str,
 }
 
-/// Creates the database if it does not exist and brings its Sweep schema up to date. Safe to
-/// run from several hosts at once (every step holds an advisory lock).
+/// Creates the database if it does not exist, brings its Sweep schema up to date and installs
+/// this binary's SQL functions (`queue/functions.rs`). Safe to run from several hosts at once
+/// (every step holds an advisory lock).
 ///
 /// Needs a direct connection, never one through a transaction pooler: sqlx's migrator holds a
 /// session advisory lock across the migrations (through a pooler it would be taken on one
@@ -249,10 +276,11 @@ pub async fn migrate(url: &str) -> Result<Migrated, StoreError> {
         true
     };
     let applied = migrate_with(options).await?;
-    Ok(Migrated { database_created, applied })
+    Ok(Migrated { database_created, applied, functions_sha256: functions::sha256() })
 }
 
-/// Brings the Sweep schema of an existing database up to date; returns the versions applied.
+/// Brings the Sweep schema of an existing database up to date and installs this binary's SQL
+/// functions; returns the versions applied.
 pub async fn migrate_with(options: PgConnectOptions) -> Result<Vec<i64>, StoreError> {
     // Every migration runs with the Sweep schema as the only one to create in or look in, so
     // migrations name tables plainly and can never touch an application's own. Checked before
@@ -269,9 +297,16 @@ pub async fn migrate_with(options: PgConnectOptions) -> Result<Vec<i64>, StoreEr
     adopt_public_bookkeeping(&mut bookkeeping).await?;
     bookkeeping.close().await?;
 
+    // One advisory lock (sqlx's, per database) over the migrations and the functions, so two
+    // hosts migrating at once take turns and never install functions over a schema in flux.
+    conn.lock().await.map_err(StoreError::Migrate)?;
     let before = applied_versions(&mut conn).await?;
-    MIGRATOR.run(&mut conn).await.map_err(StoreError::Migrate)?;
+    let migrator =
+        Migrator { migrations: MIGRATOR.migrations.clone(), locking: false, ..Migrator::DEFAULT };
+    migrator.run_direct(&mut conn).await.map_err(StoreError::Migrate)?;
+    functions::install(&mut conn).await?;
     let after = applied_versions(&mut conn).await?;
+    conn.unlock().await.map_err(StoreError::Migrate)?;
     conn.close().await?;
     Ok(after.into_iter().filter(|v| !before.contains(v)).collect())
 }
@@ -346,8 +381,9 @@ async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<i64>, StoreErro
     Ok(sqlx::query_scalar(APPLIED_VERSIONS).fetch_all(&mut *conn).await?)
 }
 
-/// Fails unless every embedded migration, and nothing newer, has been applied successfully.
-/// `executor` is a pool or `&store`.
+/// Fails unless every embedded migration, and nothing newer, has been applied successfully,
+/// and the functions installed are this binary's (`queue/functions.rs`). `executor` is a pool
+/// or `&store`.
 pub async fn check_schema<'c, E>(executor: E) -> Result<(), StoreError>
 where
     E: PgExecutor<'c> + Copy,
@@ -368,7 +404,7 @@ where
     if MIGRATOR.iter().any(|m| !rows.iter().any(|&(v, _)| v == m.version)) {
         return Err(StoreError::SchemaBehind { applied, wanted: known });
     }
-    Ok(())
+    functions::check(executor).await
 }
 
 /// The same key for every Sweep host: the bookkeeping move happens once.
