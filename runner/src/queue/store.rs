@@ -100,6 +100,12 @@ pub enum StoreError {
     #[error("the database has no Sweep schema yet: run `sweep migrate` first")]
     SchemaMissing,
     #[error(
+        "the database holds a Sweep schema from before v0.1.0, which this sweep does not \
+         upgrade: migrate a new database and move the waiting tasks over (CHANGELOG.md, \
+         v0.1.0, \"Upgrading\")"
+    )]
+    PreRelease,
+    #[error(
         "the Sweep schema is at migration {applied}, this binary needs {wanted}: \
          run `sweep migrate` first"
     )]
@@ -293,13 +299,14 @@ pub async fn migrate_with(options: PgConnectOptions) -> Result<Vec<i64>, StoreEr
         return Err(StoreError::NotDirect { search_path });
     }
 
-    let mut bookkeeping = PgConnection::connect_with(&options).await.map_err(connect_error)?;
-    adopt_public_bookkeeping(&mut bookkeeping).await?;
-    bookkeeping.close().await?;
-
     // One advisory lock (sqlx's, per database) over the migrations and the functions, so two
     // hosts migrating at once take turns and never install functions over a schema in flux.
     conn.lock().await.map_err(StoreError::Migrate)?;
+    conn.execute(CREATE_SCHEMA).await?;
+    let (tracked,): (bool,) = sqlx::query_as(BOOKKEEPING_EXISTS).fetch_one(&mut conn).await?;
+    if tracked && is_pre_release(&mut conn).await? {
+        return Err(StoreError::PreRelease);
+    }
     let before = applied_versions(&mut conn).await?;
     let migrator =
         Migrator { migrations: MIGRATOR.migrations.clone(), locking: false, ..Migrator::DEFAULT };
@@ -325,53 +332,14 @@ fn connect_error(e: sqlx::Error) -> StoreError {
     }
 }
 
-/// Databases migrated before the `sweep` schema existed keep sqlx's bookkeeping in
-/// `public._sqlx_migrations`, which an application using sqlx may share. Sweep's rows move to
-/// `sweep._sqlx_migrations` (recognised by version and checksum); the table goes only if
-/// nothing else is left in it. Migration 0010 then moves the tables themselves.
-async fn adopt_public_bookkeeping(conn: &mut PgConnection) -> Result<(), StoreError> {
-    let mut tx = conn.begin().await?;
-    sqlx::query(MIGRATE_LOCK).execute(&mut *tx).await?;
-    sqlx::query(CREATE_SCHEMA).execute(&mut *tx).await?;
-    let (ours, public): (bool, bool) =
-        sqlx::query_as(BOOKKEEPING_TABLES).fetch_one(&mut *tx).await?;
-    if public && !ours {
-        let (versions, checksums) = known_checksums();
-        sqlx::query(COPY_BOOKKEEPING_TABLE).execute(&mut *tx).await?;
-        sqlx::query(ADOPT_BOOKKEEPING).bind(&versions).bind(&checksums).execute(&mut *tx).await?;
-        if let Some(current) = MIGRATOR.iter().find(|m| m.version == 8) {
-            sqlx::query(CURRENT_CHECKSUM)
-                .bind(8_i64)
-                .bind(current.checksum.as_ref())
-                .execute(&mut *tx)
-                .await?;
-        }
-        let (left,): (i64,) = sqlx::query_as(PUBLIC_BOOKKEEPING_LEFT).fetch_one(&mut *tx).await?;
-        if left == 0 {
-            sqlx::query(DROP_PUBLIC_BOOKKEEPING).execute(&mut *tx).await?;
-        }
-    }
-    tx.commit().await?;
-    Ok(())
+/// Whether the database holds a schema made by a Sweep from before v0.1.0, whose migrations
+/// 0001-0023 the baseline replaced: its migration 1 is another file than this binary's.
+async fn is_pre_release<'c, E: PgExecutor<'c>>(executor: E) -> Result<bool, StoreError> {
+    let applied: Option<Vec<u8>> =
+        sqlx::query_scalar(FIRST_CHECKSUM).fetch_optional(executor).await?;
+    let ours = MIGRATOR.iter().find(|m| m.version == 1).map(|m| m.checksum.as_ref());
+    Ok(applied.is_some_and(|applied| Some(applied.as_slice()) != ours))
 }
-
-/// Every (version, checksum) this binary recognises as its own: the embedded migrations, plus
-/// the first text of 0008, which was edited after it had been applied (the edit only set
-/// `vacuum_truncate = false`, which 0010 sets again).
-fn known_checksums() -> (Vec<i64>, Vec<Vec<u8>>) {
-    let mut known: (Vec<i64>, Vec<Vec<u8>>) =
-        MIGRATOR.iter().map(|m| (m.version, m.checksum.to_vec())).unzip();
-    if let Ok(first) = hex::decode(MIGRATION_8_FIRST_SHA384) {
-        known.0.push(8);
-        known.1.push(first);
-    }
-    known
-}
-
-/// SHA-384 (sqlx's checksum) of migrations/0008_finished_tasks.sql as committed in 9ac5e19.
-const MIGRATION_8_FIRST_SHA384: &str =
-    "12ab7aa9da32ab8bbd536842107cbe82cb47e3f4d5335efdc0858a63c4840e15\
-                                        241e4ab02cb17867e39065ecf619080b";
 
 async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<i64>, StoreError> {
     let (exists,): (bool,) = sqlx::query_as(BOOKKEEPING_EXISTS).fetch_one(&mut *conn).await?;
@@ -392,6 +360,9 @@ where
     if !exists {
         return Err(StoreError::SchemaMissing);
     }
+    if is_pre_release(executor).await? {
+        return Err(StoreError::PreRelease);
+    }
     let rows: Vec<(i64, bool)> = sqlx::query_as(APPLIED).fetch_all(executor).await?;
     let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     let applied = rows.iter().map(|&(v, _)| v).max().unwrap_or(0);
@@ -407,49 +378,20 @@ where
     functions::check(executor).await
 }
 
-/// The same key for every Sweep host: the bookkeeping move happens once.
-const MIGRATE_LOCK: &str = "select pg_advisory_xact_lock(1937204594)";
 const SEARCH_PATH: &str = "select current_setting('search_path')";
 const CREATE_SCHEMA: &str = "create schema if not exists sweep";
-const BOOKKEEPING_TABLES: &str = "select to_regclass('sweep._sqlx_migrations') is not null, \
-                                  to_regclass('public._sqlx_migrations') is not null";
 const BOOKKEEPING_EXISTS: &str = "select to_regclass('sweep._sqlx_migrations') is not null";
+/// Only where `BOOKKEEPING_EXISTS` said the table is there.
+const FIRST_CHECKSUM: &str = "select checksum from sweep._sqlx_migrations where version = 1";
 const APPLIED_VERSIONS: &str = "select version from sweep._sqlx_migrations order by version";
 const APPLIED: &str = "select version, success from sweep._sqlx_migrations order by version";
-const COPY_BOOKKEEPING_TABLE: &str =
-    "create table sweep._sqlx_migrations (like public._sqlx_migrations including all)";
-/// Moves the rows whose version and checksum are Sweep's.
-const ADOPT_BOOKKEEPING: &str = r#"
-    with ours as (
-        delete from public._sqlx_migrations m
-        using unnest($1::int8[], $2::bytea[]) as k(version, checksum)
-        where m.version = k.version and m.checksum = k.checksum
-        returning m.*
-    )
-    insert into sweep._sqlx_migrations select * from ours
-"#;
-const CURRENT_CHECKSUM: &str = "update sweep._sqlx_migrations set checksum = $2 where version = $1";
-const PUBLIC_BOOKKEEPING_LEFT: &str = "select count(*) from public._sqlx_migrations";
-const DROP_PUBLIC_BOOKKEEPING: &str = "drop table public._sqlx_migrations";
 
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] = statements![
-    MIGRATE_LOCK,
     SEARCH_PATH,
     CREATE_SCHEMA,
-    BOOKKEEPING_TABLES,
     BOOKKEEPING_EXISTS,
+    FIRST_CHECKSUM,
     APPLIED_VERSIONS,
     APPLIED,
-];
-
-/// Statements that name `public._sqlx_migrations`, which a migrated database no longer has:
-/// prepared by the statement check on a database migrated the old way.
-#[cfg(test)]
-pub(super) const LEGACY_STATEMENTS: &[(&str, &str)] = statements![
-    COPY_BOOKKEEPING_TABLE,
-    ADOPT_BOOKKEEPING,
-    CURRENT_CHECKSUM,
-    PUBLIC_BOOKKEEPING_LEFT,
-    DROP_PUBLIC_BOOKKEEPING,
 ];
