@@ -13,7 +13,9 @@
 # (`sweep tenant create`) with a read-only token (`sweep tenant token`), the module `echo`
 # (below; it writes its payload back as its result) uploaded and three tasks enqueued through
 # `sweep admin` with the CLI, one with a dedup key; then a plain-SQL dump of the
-# database (pg_dump --column-inserts, so the test can run it as statements) and the tokens.
+# database (pg_dump --column-inserts, so the test can run it as statements; named .dump, not
+# .sql: it is data, and its copies of the functions are the release's, not source) and the
+# tokens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,7 +77,7 @@ mkdir -p "$out"
   echo "-- scripts/release-fixture.sh: restored and upgraded by runner/tests/upgrade.rs."
   # (Recent pg_dump releases frame the dump in psql's \restrict; the test runs plain SQL.)
   pg_dump --no-owner --column-inserts "$url" | grep -v '^\\\(un\)\{0,1\}restrict '
-} >"$out/database.sql"
+} >"$out/database.dump"
 python3 - "$out/tokens.json" "$version" "$token" "$read_only" <<'EOF'
 import json, sys
 path, version, token, read_only = sys.argv[1:]

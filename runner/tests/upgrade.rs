@@ -25,7 +25,7 @@ struct Fixture {
     read_only_token: String,
 }
 
-const DATABASE: &str = include_str!("fixtures/last-release/database.sql");
+const DATABASE: &str = include_str!("fixtures/last-release/database.dump");
 const FIXTURE: &str = include_str!("fixtures/last-release/tokens.json");
 
 #[sqlx::test(migrations = false)]
