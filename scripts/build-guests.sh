@@ -6,7 +6,7 @@
 #   scripts/build-guests.sh                 # every guest
 #   scripts/build-guests.sh c-wordcount     # just these
 #
-# Toolchains (docs/guests.md; .ci/run installs both):
+# Toolchains (docs/guests.md; scripts/prepare.sh installs both):
 #   c-*    clang with the wasm32-wasi target and wasi-libc (Debian: clang lld wasi-libc
 #          libclang-rt-14-dev-wasm32); override the compiler with WASI_CC.
 #   zig-*  Zig 0.14 (pip install ziglang==0.14.1, run as `python3 -m ziglang`); override with ZIG.
@@ -24,6 +24,9 @@ mkdir -p "$out" "$work"
 out="$(cd "$out" && pwd)"
 work="$(cd "$work" && pwd)"
 
+# The prepare script's Python environment (Zig from PyPI), if it made one, leads PATH.
+# shellcheck source=prepare.sh
+. scripts/prepare.sh
 WASI_CC="${WASI_CC:-clang}"
 read -r -a ZIG <<<"${ZIG:-python3 -m ziglang}"
 ZIG_SERIES="0.14."
@@ -70,7 +73,7 @@ build_c() { # name, dir
 build_zig() { # name, dir
   if ! zig_toolchain; then
     toolchain_missing "$1" "no Zig ${ZIG_SERIES}x as '${ZIG[*]}' ($(cat "$work/zig-probe.log" 2>/dev/null || echo "not found"))" \
-      "python3 -m pip install ziglang==0.14.1"
+      "scripts/prepare.sh zig_guests"
     return 0
   fi
   local sources=("$2"/*.zig)

@@ -27,10 +27,13 @@ case "${SWEEP_FUZZ:-short}" in
   *) echo "SWEEP_FUZZ must be short or long, not ${SWEEP_FUZZ}" >&2; exit 2 ;;
 esac
 
-# `python3 -m` rather than `st`: a fresh pip install need not have put `st` on PATH.
+# `python3 -m` rather than `st`: a fresh pip install need not have put `st` on PATH. (The
+# prepare script's Python environment, if it made one, leads PATH.)
+# shellcheck source=prepare.sh
+. scripts/prepare.sh
 st() { python3 -m schemathesis.cli "$@"; }
 st --version >/dev/null 2>&1 \
-  || { echo "schemathesis is not installed: python3 -m pip install schemathesis==4.32.5" >&2; exit 2; }
+  || { echo "schemathesis is not installed: scripts/prepare.sh schemathesis" >&2; exit 2; }
 if [ ! -x "$sweep" ]; then
   cargo build -q --workspace --bin sweep
 fi
