@@ -98,6 +98,7 @@ mod vocab;
 mod claim;
 mod complete;
 mod copy;
+mod cron;
 mod dead;
 mod enqueue;
 mod error;
@@ -125,6 +126,7 @@ pub use claim::{
 };
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
 pub use copy::COPY_MIN_BATCH;
+pub use cron::{plan_tick, CatchUp, CronSpec, InvalidCron, Overlap, TickPlan, LATE_AFTER};
 pub use dead::{
     cancel, cancel_matching, get_task, list_dead, requeue, AttemptError, BulkCancel, Cancel,
     DeadTask, TaskView,
@@ -153,10 +155,9 @@ pub use pooler::{Conn, Connects};
 pub use retry::{RetryPolicy, RetryPolicyError};
 pub use runners::{deregister_runner, list_runners, register_runner, RunnerInfo};
 pub use schedules::{
-    create_schedule, delete_schedule, get_schedule, list_schedules, pause_schedule, plan_tick,
-    resume_schedule, run_due_schedules, tick_key, validate_schedule_name, CatchUp, CronSchedule,
-    CronSpec, InvalidSchedule, NewSchedule, Overlap, ScheduleError, TickPlan, TickReport,
-    LATE_AFTER, MAX_SCHEDULE_NAME_LEN,
+    create_schedule, delete_schedule, get_schedule, list_schedules, pause_schedule,
+    resume_schedule, run_due_schedules, tick_key, validate_schedule_name, CronSchedule,
+    InvalidSchedule, NewSchedule, ScheduleError, TickReport, MAX_SCHEDULE_NAME_LEN,
 };
 pub use stats::{queue_stats, TypeStats};
 pub use store::{
