@@ -18,6 +18,9 @@ async fn claim_sets_running_with_attempt_and_lease(_: PgPoolOptions, db: PgConne
     assert_eq!(claimed.len(), 2);
     for c in &claimed {
         assert_eq!(c.attempt, 1);
+        // The payload comes as the JSON text the guest reads, the enqueued object's.
+        let n = ids.iter().position(|&id| id == c.id).unwrap() as i64;
+        assert_eq!(c.payload_value().unwrap(), serde_json::json!({ "n": n }), "{}", c.payload);
         assert_eq!(state(&pool, c.id).await, TaskState::Running);
     }
     let (owner, expires): (uuid::Uuid, chrono::DateTime<chrono::Utc>) =

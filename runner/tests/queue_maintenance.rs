@@ -148,7 +148,7 @@ async fn stats_count_by_tenant_type_and_state(_: PgPoolOptions, db: PgConnectOpt
     let claimed = queue::claim_batch(&pool, runner, 10, &[], LEASE).await.unwrap();
     assert_eq!(claimed.len(), 4);
     let (done, failed): (Vec<_>, Vec<_>) =
-        claimed.iter().partition(|c| c.task_type == "a" && c.payload["n"] != 2);
+        claimed.iter().partition(|c| c.task_type == "a" && c.payload_value().unwrap()["n"] != 2);
     let done: Vec<_> = done.iter().map(|c| completion(c, json!({}))).collect();
     queue::complete_batch(&pool, runner, &done).await.unwrap();
     let failures: Vec<_> = failed

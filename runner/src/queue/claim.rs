@@ -10,7 +10,6 @@ use std::{
 };
 
 use chrono::{DateTime, Utc};
-use serde_json::Value;
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
@@ -179,7 +178,7 @@ struct ClaimRow {
     id: TaskId,
     tenant: String,
     task_type: String,
-    payload: Value,
+    payload: String,
     attempt: i32,
     max_attempts: i32,
     run_at: DateTime<Utc>,
@@ -288,19 +287,35 @@ pub async fn cancel_requests<'c, E: PgExecutor<'c>>(
     Ok(rows.into_iter().filter(|row| held.contains(row)).collect())
 }
 
+/// The columns of a claimed task, as `ClaimRow` reads them. The payload comes as JSON text:
+/// it goes to the guest's stdin as it is, never through a `serde_json::Value`.
+macro_rules! claimed_columns {
+    () => {
+        "c.id, c.tenant, c.task_type, c.payload::text as payload, c.attempt, c.max_attempts,
+         c.run_at, c.created_at, c.version, c.sha256, c.fuel, c.timeout_ms, c.memory_bytes,
+         c.module_max_attempts, c.backoff_base_ms, c.backoff_cap_ms, c.max_running"
+    };
+}
+
 // The tenant's result limit is read with the claim (one index probe per claimed task; a tenant
 // without a row, such as `default`, has none).
-const CLAIM: &str = r#"
-    select c.*, t.max_result_bytes
+const CLAIM: &str = concat!(
+    "select ",
+    claimed_columns!(),
+    r#", t.max_result_bytes
     from sweep.sweep_claim($1, $2, $3, $4, $5, $6) c
     left join sweep.tenants t on t.name = c.tenant
-    "#;
+    "#
+);
 
-const CLAIM_FROM: &str = r#"
-    select c.*, t.max_result_bytes
+const CLAIM_FROM: &str = concat!(
+    "select ",
+    claimed_columns!(),
+    r#", c.priority, t.max_result_bytes
     from sweep.sweep_claim_from($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) c
     left join sweep.tenants t on t.name = c.tenant
-    "#;
+    "#
+);
 
 const HEARTBEAT: &str = concat!(
     r#"
@@ -378,7 +393,7 @@ mod tests {
             id,
             tenant: "t".into(),
             task_type: "q".into(),
-            payload: Value::Null,
+            payload: "{}".into(),
             attempt: 1,
             max_attempts: 3,
             run_at: at,

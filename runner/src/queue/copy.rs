@@ -16,8 +16,8 @@
 //!   `updated_at` defaults take), `max_attempts` as the task's, else the active module's,
 //!   else [`DEFAULT_MAX_ATTEMPTS`]; ids are drawn in input order; every other column takes its
 //!   table default, as with the `INSERT`;
-//! - payloads are written as sqlx writes a `jsonb` parameter (version byte, compact JSON), and
-//!   their size is measured on those very bytes, before anything is sent;
+//! - payloads are written as a `jsonb` parameter is (version byte, then the compact JSON text
+//!   the batch was checked as, `batch.rs`), the very bytes whose size was checked;
 //! - timestamps are truncated to microseconds as sqlx truncates a bound `DateTime`;
 //! - through a pooled store every statement here is unnamed and inside the transaction
 //!   (`queue/pooler.rs`); a direct connection keeps sqlx's cached statements.
@@ -28,8 +28,8 @@ use chrono::{DateTime, TimeZone, Utc};
 use sqlx::{types::Json, Connection, PgConnection};
 
 use super::{
-    enqueue::Enqueued, sql_count, sql_millis, types::Schedule, InvalidTask, NewTask, QueueError,
-    DEFAULT_MAX_ATTEMPTS,
+    sql_count, sql_millis, types::Schedule, CheckedTasks, Enqueued, InvalidTask, NewTask,
+    QueueError, DEFAULT_MAX_ATTEMPTS,
 };
 
 /// Batches at least this large (and without dedup keys) go through `COPY`; smaller ones
@@ -94,21 +94,18 @@ pub(super) struct Encoded<'a> {
     queues: Vec<Queue<'a>>,
 }
 
-/// Validates and encodes `tasks`, refusing any payload over `max_payload_bytes`: the checks
-/// of the `INSERT` path, task by task in the same order, so the same first error. Nothing has
-/// been sent when this fails.
-pub(super) fn encode(
-    tasks: &[NewTask],
-    max_payload_bytes: usize,
-) -> Result<Encoded<'_>, InvalidTask> {
+/// Encodes the checked batch (`batch.rs`: valid tasks, payloads as compact JSON within their
+/// limit). Nothing has been sent when this fails: only a payload too long for a `COPY` field
+/// (2 GiB) can still be refused here.
+pub(super) fn encode<'a>(checked: &CheckedTasks<'a>) -> Result<Encoded<'a>, InvalidTask> {
+    let tasks = checked.tasks();
     let mut buf = Vec::with_capacity(HEADER.len() + tasks.len() * 96 + 2);
     buf.extend_from_slice(HEADER);
     let mut starts = Vec::with_capacity(tasks.len());
     let mut queue_of = Vec::with_capacity(tasks.len());
-    let mut queues: Vec<Queue<'_>> = Vec::new();
+    let mut queues: Vec<Queue<'a>> = Vec::new();
     let mut index: HashMap<(&str, &str), u32> = HashMap::new();
-    for (i, task) in tasks.iter().enumerate() {
-        task.validate().map_err(|e| InvalidTask::InBatch { index: i, source: Box::new(e) })?;
+    for (i, (task, payload)) in tasks.iter().zip(checked.payloads()).enumerate() {
         let key = (task.tenant.as_str(), task.task_type.as_str());
         let q = match index.get(&key) {
             Some(&q) => q,
@@ -129,21 +126,15 @@ pub(super) fn encode(
         field(&mut buf, &task.priority.to_be_bytes());
         field(&mut buf, task.tenant.as_bytes());
         field(&mut buf, task.task_type.as_bytes());
-        let len_at = buf.len();
-        buf.extend_from_slice(&[0; 4]);
-        buf.push(1); // jsonb's binary format version
-                     // Writing a `Value` into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut buf, &task.payload);
-        let size = buf.len() - len_at - 5;
-        if size > max_payload_bytes {
-            let e = InvalidTask::PayloadTooLarge { size, limit: max_payload_bytes };
-            return Err(InvalidTask::InBatch { index: i, source: Box::new(e) });
-        }
+        // jsonb's binary format: a version byte, then the JSON text.
+        let size = payload.len();
         let len = i32::try_from(size + 1).map_err(|_| InvalidTask::InBatch {
             index: i,
             source: Box::new(InvalidTask::PayloadTooLarge { size, limit: i32::MAX as usize - 1 }),
         })?;
-        buf[len_at..len_at + 4].copy_from_slice(&len.to_be_bytes());
+        buf.extend_from_slice(&len.to_be_bytes());
+        buf.push(1);
+        buf.extend_from_slice(payload.as_bytes());
     }
     buf.extend_from_slice(&(-1i16).to_be_bytes());
     Ok(Encoded { buf, starts, queue_of, queues })
@@ -270,7 +261,7 @@ mod tests {
             NewTask::new("b", json!({})).tenant("t2"),
             NewTask::new("a", json!({"y": "z"})),
         ];
-        let e = encode(&tasks, usize::MAX).unwrap();
+        let e = encode(&CheckedTasks::check(&tasks, usize::MAX).unwrap()).unwrap();
         assert_eq!(e.queues.len(), 2, "two distinct queues");
         assert_eq!(e.queue_of, vec![0, 1, 0]);
         assert_eq!(&e.buf[..HEADER.len()], HEADER);
@@ -291,18 +282,6 @@ mod tests {
             e.buf[end - payload.len() - 5..end - payload.len() - 1].try_into().unwrap(),
         );
         assert_eq!(len as usize, payload.len() + 1);
-    }
-
-    #[test]
-    fn a_payload_over_the_limit_names_its_task() {
-        let tasks = vec![NewTask::new("a", json!({})), NewTask::new("a", json!({"k": "vvvv"}))];
-        assert!(encode(&tasks, 12).is_ok(), "{{\"k\":\"vvvv\"}} is 12 bytes");
-        match encode(&tasks, 11) {
-            Err(InvalidTask::InBatch { index: 1, source }) => {
-                assert_eq!(*source, InvalidTask::PayloadTooLarge { size: 12, limit: 11 })
-            }
-            other => panic!("{:?}", other.map(|e| e.buf.len())),
-        }
     }
 
     #[test]

@@ -2,31 +2,19 @@
 //! NOTIFY per statement (never one per row: per-row notifies serialise commits). A large batch
 //! without dedup keys goes through binary `COPY` instead (`copy.rs`), with the same rows.
 //!
-//! Invariant: the whole batch is validated before anything is sent, payload sizes included
-//! (`*_within`); an invalid task rejects the batch and writes nothing.
+//! Invariant: the whole batch is checked before anything is sent (`batch.rs`: every task
+//! valid, every payload serialised once and within its limit); an invalid task rejects the
+//! batch and writes nothing.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::Value;
 use sqlx::{postgres::PgArguments, query::QueryAs, Executor, Postgres};
 
 use super::{
-    copy, sql_millis, types::Schedule, Connects, InvalidTask, NewTask, QueueError, TaskId,
-    DEFAULT_MAX_ATTEMPTS,
+    copy, sql_millis, types::Schedule, CheckedTasks, Connects, Enqueued, NewTask, QueueError,
+    TaskId, DEFAULT_MAX_ATTEMPTS,
 };
-
-/// The most tasks one `enqueue_many` call takes (a few MB of parameters at most).
-pub const MAX_BATCH: usize = 100_000;
-
-/// The id a task got, and whether this call created it (false: its dedup key was taken by a
-/// live task, whose id this is).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-pub struct Enqueued {
-    #[schema(value_type = i64)]
-    pub id: TaskId,
-    pub created: bool,
-}
 
 /// Enqueues `task`, with no limit on its payload's size (see [`enqueue_within`]).
 pub async fn enqueue<'c, A>(conn: A, task: NewTask) -> Result<Enqueued, QueueError>
@@ -98,33 +86,44 @@ pub async fn enqueue_many_using<'c, A>(
 where
     A: Connects<'c>,
 {
-    if tasks.len() > MAX_BATCH {
-        return Err(InvalidTask::BatchTooLarge { got: tasks.len(), max: MAX_BATCH }.into());
-    }
+    let checked = CheckedTasks::check(tasks, max_payload_bytes)?;
+    write(conn, &checked, method).await
+}
+
+/// Enqueues tasks already checked (see [`CheckedTasks`]) in one statement, or one `COPY` for a
+/// large batch without dedup keys; returns their ids in input order.
+pub async fn enqueue_checked<'c, A>(
+    conn: A,
+    tasks: &CheckedTasks<'_>,
+) -> Result<Vec<Enqueued>, QueueError>
+where
+    A: Connects<'c>,
+{
+    write(conn, tasks, EnqueueMethod::Auto).await
+}
+
+async fn write<'c, A>(
+    conn: A,
+    checked: &CheckedTasks<'_>,
+    method: EnqueueMethod,
+) -> Result<Vec<Enqueued>, QueueError>
+where
+    A: Connects<'c>,
+{
+    let tasks = checked.tasks();
     let copy = match method {
         EnqueueMethod::Auto => tasks.len() >= copy::COPY_MIN_BATCH,
         EnqueueMethod::Insert => false,
         EnqueueMethod::Copy => !tasks.is_empty(),
     };
     if copy && tasks.iter().all(|t| t.dedup_key.is_none()) {
-        let encoded = copy::encode(tasks, max_payload_bytes)?;
+        let encoded = copy::encode(checked)?;
         let mut conn = conn.connect().await?;
         let (raw, pooled) = conn.raw();
         return copy::enqueue_copy(raw, pooled, tasks, encoded).await;
     }
-    for (index, task) in tasks.iter().enumerate() {
-        let checked = task.validate().and_then(|()| {
-            // Unlimited: nothing to measure.
-            if max_payload_bytes == usize::MAX {
-                Ok(())
-            } else {
-                task.check_payload(max_payload_bytes)
-            }
-        });
-        checked.map_err(|e| InvalidTask::InBatch { index, source: Box::new(e) })?;
-    }
     let mut conn = conn.connect().await?;
-    let columns = Columns::from(tasks);
+    let columns = Columns::of(checked, 0..tasks.len());
     if columns.dedup_keys.iter().all(Option::is_none) {
         return insert_plain(&mut conn, &columns).await;
     }
@@ -139,8 +138,7 @@ where
         if missing.is_empty() {
             break;
         }
-        let retry: Vec<NewTask> = missing.iter().map(|&i| tasks[i].clone()).collect();
-        let again = insert(&mut conn, &Columns::from(retry.as_slice())).await?;
+        let again = insert(&mut conn, &Columns::of(checked, missing.iter().copied())).await?;
         for (slot, found) in missing.into_iter().zip(again) {
             out[slot] = found;
         }
@@ -157,27 +155,62 @@ pub(super) async fn enqueue_keyed<'c, E: Executor<'c, Database = Postgres>>(
     conn: E,
     task: &NewTask,
 ) -> Result<Option<Enqueued>, QueueError> {
-    task.validate()?;
+    let checked = CheckedTasks::check(std::slice::from_ref(task), usize::MAX)
+        .map_err(|e| QueueError::Invalid(e.into_innermost()))?;
     if task.dedup_key.is_none() {
         return Err(QueueError::Corrupt("enqueue_keyed needs a dedup key".into()));
     }
-    let rows = insert(conn, &Columns::from(std::slice::from_ref(task))).await?;
+    let rows = insert(conn, &Columns::of(&checked, 0..1)).await?;
     Ok(rows.into_iter().next().flatten())
 }
 
-/// The batch as column arrays, the shape `unnest` wants.
-struct Columns {
-    tenants: Vec<String>,
-    task_types: Vec<String>,
-    payloads: Vec<Value>,
+/// The batch (or some of its tasks) as column arrays, the shape `unnest` wants; payloads as
+/// the JSON text they were checked as.
+struct Columns<'a> {
+    tenants: Vec<&'a str>,
+    task_types: Vec<&'a str>,
+    payloads: Vec<&'a str>,
     priorities: Vec<i32>,
     run_ats: Vec<Option<DateTime<Utc>>>,
     delays_ms: Vec<i64>,
     max_attempts: Vec<Option<i32>>,
-    dedup_keys: Vec<Option<String>>,
+    dedup_keys: Vec<Option<&'a str>>,
 }
 
-impl Columns {
+impl<'a> Columns<'a> {
+    /// The tasks of `checked` at `indices`, in that order.
+    fn of(checked: &'a CheckedTasks<'_>, indices: impl ExactSizeIterator<Item = usize>) -> Self {
+        let n = indices.len();
+        let mut c = Columns {
+            tenants: Vec::with_capacity(n),
+            task_types: Vec::with_capacity(n),
+            payloads: Vec::with_capacity(n),
+            priorities: Vec::with_capacity(n),
+            run_ats: Vec::with_capacity(n),
+            delays_ms: Vec::with_capacity(n),
+            max_attempts: Vec::with_capacity(n),
+            dedup_keys: Vec::with_capacity(n),
+        };
+        let (tasks, payloads) = (checked.tasks(), checked.payloads());
+        for i in indices {
+            let t = &tasks[i];
+            let (run_at, delay) = match t.schedule {
+                Schedule::Now => (None, Duration::ZERO),
+                Schedule::At(at) => (Some(at), Duration::ZERO),
+                Schedule::After(d) => (None, d),
+            };
+            c.tenants.push(&t.tenant);
+            c.task_types.push(&t.task_type);
+            c.payloads.push(&payloads[i]);
+            c.priorities.push(t.priority);
+            c.run_ats.push(run_at);
+            c.delays_ms.push(sql_millis(delay));
+            c.max_attempts.push(t.max_attempts);
+            c.dedup_keys.push(t.dedup_key.as_deref());
+        }
+        c
+    }
+
     /// Binds `$1` to `$7`, the columns both insert statements take in this order.
     fn bind<'q, O>(
         &'q self,
@@ -191,38 +224,6 @@ impl Columns {
             .bind(&self.run_ats)
             .bind(&self.delays_ms)
             .bind(&self.max_attempts)
-    }
-}
-
-impl From<&[NewTask]> for Columns {
-    fn from(tasks: &[NewTask]) -> Self {
-        let n = tasks.len();
-        let mut c = Columns {
-            tenants: Vec::with_capacity(n),
-            task_types: Vec::with_capacity(n),
-            payloads: Vec::with_capacity(n),
-            priorities: Vec::with_capacity(n),
-            run_ats: Vec::with_capacity(n),
-            delays_ms: Vec::with_capacity(n),
-            max_attempts: Vec::with_capacity(n),
-            dedup_keys: Vec::with_capacity(n),
-        };
-        for t in tasks {
-            let (run_at, delay) = match t.schedule {
-                Schedule::Now => (None, Duration::ZERO),
-                Schedule::At(at) => (Some(at), Duration::ZERO),
-                Schedule::After(d) => (None, d),
-            };
-            c.tenants.push(t.tenant.clone());
-            c.task_types.push(t.task_type.clone());
-            c.payloads.push(t.payload.clone());
-            c.priorities.push(t.priority);
-            c.run_ats.push(run_at);
-            c.delays_ms.push(sql_millis(delay));
-            c.max_attempts.push(t.max_attempts);
-            c.dedup_keys.push(t.dedup_key.clone());
-        }
-        c
     }
 }
 
@@ -248,7 +249,7 @@ macro_rules! module_defaults_cte {
 /// are the input order.
 async fn insert_plain<'c, E: Executor<'c, Database = Postgres>>(
     conn: E,
-    c: &Columns,
+    c: &Columns<'_>,
 ) -> Result<Vec<Enqueued>, QueueError> {
     let rows: Vec<(TaskId,)> =
         c.bind(sqlx::query_as(INSERT_PLAIN)).bind(DEFAULT_MAX_ATTEMPTS).fetch_all(conn).await?;
@@ -266,7 +267,7 @@ async fn insert_plain<'c, E: Executor<'c, Database = Postgres>>(
 
 async fn insert<'c, E: Executor<'c, Database = Postgres>>(
     conn: E,
-    c: &Columns,
+    c: &Columns<'_>,
 ) -> Result<Vec<Option<Enqueued>>, QueueError> {
     // Ids are drawn up front so each input row can be matched to its inserted row; rows
     // skipped by ON CONFLICT find their task among this statement's inserts (same key twice
@@ -284,7 +285,7 @@ const INSERT_PLAIN: &str = concat!(
     r#"
         with input as (
             select nextval((select pg_get_serial_sequence('sweep.tasks', 'id')::regclass)) as id, i.*
-            from unnest($1::text[], $2::text[], $3::jsonb[], $4::int4[], $5::timestamptz[],
+            from unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[],
                         $6::int8[], $7::int4[])
                  as i(tenant, task_type, payload, priority, run_at, delay_ms, max_attempts)
         ),
@@ -293,7 +294,7 @@ const INSERT_PLAIN: &str = concat!(
     r#"
         inserted as (
             insert into sweep.tasks (id, tenant, task_type, payload, priority, run_at, max_attempts)
-            select input.id, input.tenant, input.task_type, input.payload, input.priority,
+            select input.id, input.tenant, input.task_type, input.payload::jsonb, input.priority,
                    coalesce(input.run_at, now() + input.delay_ms * interval '1 millisecond'),
                    coalesce(input.max_attempts,
                             (d.by_type ->> (input.tenant || '/' || input.task_type))::int4, $8)
@@ -317,7 +318,7 @@ const INSERT_DEDUP: &str = concat!(
     r#"
         with input as materialized (
             select nextval((select pg_get_serial_sequence('sweep.tasks', 'id')::regclass)) as id, i.*
-            from unnest($1::text[], $2::text[], $3::jsonb[], $4::int4[], $5::timestamptz[],
+            from unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[],
                         $6::int8[], $7::int4[], $8::text[])
                  with ordinality
                  as i(tenant, task_type, payload, priority, run_at, delay_ms, max_attempts,
@@ -329,7 +330,7 @@ const INSERT_DEDUP: &str = concat!(
         inserted as (
             insert into sweep.tasks (id, tenant, task_type, payload, priority, run_at, max_attempts,
                                dedup_key)
-            select input.id, input.tenant, input.task_type, input.payload, input.priority,
+            select input.id, input.tenant, input.task_type, input.payload::jsonb, input.priority,
                    coalesce(input.run_at, now() + input.delay_ms * interval '1 millisecond'),
                    coalesce(input.max_attempts,
                             (d.by_type ->> (input.tenant || '/' || input.task_type))::int4, $9),

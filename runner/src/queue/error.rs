@@ -44,6 +44,14 @@ impl InvalidTask {
             other => other,
         }
     }
+
+    /// [`innermost`](Self::innermost), owned: for a batch of one, whose index says nothing.
+    pub fn into_innermost(self) -> InvalidTask {
+        match self {
+            InvalidTask::InBatch { source, .. } => source.into_innermost(),
+            other => other,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -95,6 +95,7 @@ macro_rules! wake_queues_cte {
 #[macro_use]
 mod vocab;
 
+mod batch;
 mod claim;
 mod complete;
 mod copy;
@@ -120,6 +121,7 @@ mod tokens;
 mod types;
 mod views;
 
+pub use batch::{CheckedTasks, MAX_BATCH};
 pub use claim::{
     cancel_requests, claim, claim_batch, claim_from, heartbeat_leases, release_batch, ClaimCursor,
     ClaimMode,
@@ -132,8 +134,8 @@ pub use dead::{
     DeadTask, TaskView,
 };
 pub use enqueue::{
-    enqueue, enqueue_many, enqueue_many_using, enqueue_many_within, enqueue_within, EnqueueMethod,
-    Enqueued,
+    enqueue, enqueue_checked, enqueue_many, enqueue_many_using, enqueue_many_within,
+    enqueue_within, EnqueueMethod,
 };
 pub use error::{is_unreachable, while_unreachable, InvalidTask, QueueError};
 pub use flow::{
@@ -169,8 +171,8 @@ pub use tenants::{
 };
 pub use tokens::{add_read_only_token, token_tenant, TokenTenant};
 pub use types::{
-    validate_task_type, validate_tenant, ActiveModule, ClaimedTask, NewTask, Schedule, TaskId,
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS,
+    validate_task_type, validate_tenant, ActiveModule, ClaimedTask, Enqueued, NewTask, Schedule,
+    TaskId, DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS,
 };
 pub use views::{list_tasks, throughput_last_hour, MinuteCounts, TaskFilter, TaskRow};
 pub use vocab::{FailureKind, TaskState};

@@ -190,13 +190,24 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
+/// The id a task got, and whether this call created it (false: its dedup key was taken by a
+/// live task, whose id this is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct Enqueued {
+    #[schema(value_type = i64)]
+    pub id: TaskId,
+    pub created: bool,
+}
+
 /// A task this runner now holds the lease on, at attempt `attempt` (1-based).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClaimedTask {
     pub id: TaskId,
     pub tenant: String,
     pub task_type: String,
-    pub payload: Value,
+    /// The payload as JSON text, as Postgres renders the stored `jsonb` (what the guest reads
+    /// on stdin); [`ClaimedTask::payload_value`] parses it.
+    pub payload: String,
     pub attempt: i32,
     pub max_attempts: i32,
     /// When the task became due: enqueue-to-start latency is measured from here.
@@ -221,6 +232,11 @@ pub struct ActiveModule {
 impl ClaimedTask {
     pub fn is_last_attempt(&self) -> bool {
         self.attempt >= self.max_attempts
+    }
+
+    /// The payload as a JSON value.
+    pub fn payload_value(&self) -> serde_json::Result<Value> {
+        serde_json::from_str(&self.payload)
     }
 }
 

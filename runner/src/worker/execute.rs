@@ -79,13 +79,14 @@ pub(super) async fn execute(
                             &overrides(&module.settings, task.max_result_bytes),
                             &config.sandbox.maxima,
                         );
-                        let input = TaskInput::new(
-                            task.id.to_string(),
-                            task.task_type.as_str(),
-                            u32::try_from(task.attempt).unwrap_or(0),
-                            u32::try_from(task.max_attempts).unwrap_or(0),
-                            &task.payload,
-                        );
+                        // The payload's JSON text as claimed, not re-serialised.
+                        let input = TaskInput {
+                            task_id: task.id.to_string(),
+                            task_type: task.task_type.clone(),
+                            attempt: u32::try_from(task.attempt).unwrap_or(0),
+                            max_attempts: u32::try_from(task.max_attempts).unwrap_or(0),
+                            payload: task.payload.as_bytes().to_vec(),
+                        };
                         sandbox.run_cancellable(&compiled, &input, &limits, &mut cancel).await
                     }
                     Some(Err(e)) => {

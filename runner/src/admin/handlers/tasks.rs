@@ -17,7 +17,8 @@ use crate::admin::openapi as doc;
 use crate::admin::params::{Query, TenantParam};
 use crate::admin::AdminState;
 use crate::queue::{
-    self, BulkCancel, Cancel, Enqueued, NewTask, TaskId, TaskState, TaskView, TenantCaps,
+    self, BulkCancel, Cancel, CheckedTasks, Enqueued, InvalidTask, NewTask, QueueError, TaskId,
+    TaskState, TaskView, TenantCaps,
 };
 
 /// `{id}` in a path, as documented.
@@ -103,13 +104,14 @@ pub async fn enqueue(
     let requested = tenant_param(query)?;
     let (tenant, caps) = caller.write_target(state.store(), requested.as_deref()).await?;
     let limit = payload_limit(&state, &caps);
-    let task = request.into_task(&tenant)?;
-    task.validate()
-        .and_then(|()| task.check_payload(limit))
-        .map_err(|e| ApiError::from(queue::QueueError::from(e)))?;
-    check_modules(&state, &tenant, std::slice::from_ref(&task)).await?;
-    let enqueued = queue::enqueue_within(state.store(), task, limit).await?;
-    Ok(created_or_ok(enqueued.created, &enqueued))
+    let task = [request.into_task(&tenant)?];
+    let checked = CheckedTasks::check(&task, limit)
+        .map_err(|e| ApiError::from(QueueError::from(e.into_innermost())))?;
+    check_modules(&state, &tenant, checked.tasks()).await?;
+    let enqueued = queue::enqueue_checked(state.store(), &checked).await?;
+    let enqueued =
+        enqueued.first().ok_or_else(|| QueueError::Corrupt("enqueue returned no id".into()))?;
+    Ok(created_or_ok(enqueued.created, enqueued))
 }
 
 /// `POST /v1/tasks/batch` with an array of tasks: 201 with their ids in input order. The body
@@ -155,18 +157,32 @@ pub async fn enqueue_batch(
     }
     let (tenant, caps) = caller.write_target(state.store(), requested.as_deref()).await?;
     let limit = payload_limit(&state, &caps);
+    let in_batch = |index: usize, e: ApiError| ApiError {
+        message: format!("task {index}: {}", e.message),
+        ..e
+    };
+    // The first bad element's error wins, whichever check finds it: the tasks before an
+    // element that is not a task are checked first.
     let mut tasks = Vec::with_capacity(requests.len());
+    let mut not_a_task = None;
     for (index, request) in requests.into_iter().enumerate() {
-        let in_batch =
-            |e: ApiError| ApiError { message: format!("task {index}: {}", e.message), ..e };
-        let task = request.into_task(&tenant).map_err(in_batch)?;
-        task.validate()
-            .and_then(|()| task.check_payload(limit))
-            .map_err(|e| in_batch(queue::QueueError::from(e).into()))?;
-        tasks.push(task);
+        match request.into_task(&tenant) {
+            Ok(task) => tasks.push(task),
+            Err(e) => {
+                not_a_task = Some(in_batch(index, e));
+                break;
+            }
+        }
     }
-    check_modules(&state, &tenant, &tasks).await?;
-    let enqueued = queue::enqueue_many_within(state.store(), &tasks, limit).await?;
+    let checked = CheckedTasks::check(&tasks, limit).map_err(|e| match e {
+        InvalidTask::InBatch { index, source } => in_batch(index, QueueError::from(*source).into()),
+        other => QueueError::from(other).into(),
+    })?;
+    if let Some(e) = not_a_task {
+        return Err(e);
+    }
+    check_modules(&state, &tenant, checked.tasks()).await?;
+    let enqueued = queue::enqueue_checked(state.store(), &checked).await?;
     Ok(json(StatusCode::CREATED, &BatchResponse { tasks: enqueued }))
 }
 
