@@ -2,6 +2,8 @@
 //! the pre-release migrations built; a store refuses a schema or functions that are not its
 //! binary's, and a database from before v0.1.0, naming what to do.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::*;

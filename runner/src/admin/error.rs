@@ -11,11 +11,12 @@
 
 use std::convert::Infallible;
 
+use serde::Serialize;
+use utoipa::ToSchema;
 use warp::http::{header, HeaderValue, StatusCode};
 use warp::reply::{Reply, Response};
 use warp::Rejection;
 
-use super::models::{ErrorDetail, ErrorResponse};
 use crate::errors::error_chain;
 use crate::queue::{InvalidTask, QueueError, TenantError};
 use crate::sandbox::ValidationError;
@@ -29,6 +30,21 @@ pub struct ApiError {
 }
 
 impl warp::reject::Reject for ApiError {}
+
+/// Every error: `{"error": {"code": "...", "message": "..."}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ErrorResponse {
+    #[schema(inline)]
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable and machine-readable, e.g. `invalid_parameter`, `not_found`, `limit_too_high`.
+    pub code: String,
+    /// For people: says what is wrong and what to change.
+    pub message: String,
+}
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {

@@ -23,11 +23,10 @@ use super::auth::{authenticate, Caller};
 use super::body;
 use super::enqueue_input;
 use super::error::{recover, ApiError};
-use super::handlers::schedules::{self, CreateScheduleRequest};
-use super::handlers::{modules, ops, queues, tasks, tenants, Answer};
+use super::handlers::{modules, ops, queues, schedules, tasks, tenants, Answer};
 use super::models::{
-    ActivateRequest, CancelTasksRequest, CapsRequest, EnqueueRequest, RateLimitRequest,
-    WeightRequest,
+    ActivateRequest, CancelTasksRequest, CapsRequest, CreateScheduleRequest, EnqueueRequest,
+    RateLimitRequest, WeightRequest,
 };
 use super::openapi;
 use super::params::PathText;
@@ -123,7 +122,11 @@ impl Route {
             let mut operation = P::operation();
             let tags = P::tags().into_iter().map(str::to_owned).collect();
             operation.tags = Some(tags);
-            (P::path(), P::methods(), operation)
+            let methods = P::methods();
+            for method in &methods {
+                openapi::add_common_errors(&mut operation, method);
+            }
+            (P::path(), methods, operation)
         }
         match self {
             Route::Healthz => of::<ops::__path_healthz>(),

@@ -9,12 +9,12 @@
 //! Files: `config` (settings), `auth` (tokens, callers, tenant scoping), `body` (size-limited
 //! bodies), `json_input` (request JSON read as the OpenAPI document describes it),
 //! `enqueue_input` (enqueue bodies; the batch read in one pass, errors naming index and field),
-//! `params`
-//! (query strings, module limits), `turns` (one compile per tenant), `models` (JSON bodies),
-//! `handlers/*`
-//! (one file per resource), `filters` (route table), `openapi` (the OpenAPI document built
-//! from that table), `error` (JSON errors, the `recover`), `ui/*` (the HTML dashboard at
-//! `/ui`, on the same auth and queue functions).
+//! `params` (query and path parameters, module limits), `turns` (one compile per tenant),
+//! `models` (JSON bodies), `handlers/*` (one file per resource; shared helpers in
+//! `handlers/mod.rs`), `filters` (route table), `openapi` (the OpenAPI document built from that
+//! table), `error` (JSON errors and their envelope, the `recover`), `ui/*` (the HTML dashboard
+//! at `/ui`, on the same auth and queue functions). Imports go one way: `error` <- `params`,
+//! `json_input` <- `models` <- `handlers/*` <- `filters`; no handler imports another.
 //!
 //! Invariants:
 //! - every `/v1` route but `/v1/openapi.json`, and `/metrics`, authenticates

@@ -13,11 +13,12 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::error::ApiError;
-use super::json_input::{integer, present_integer};
+use super::json_input::{integer, optional_integer, present_integer};
 use super::params::EffectiveLimits;
 use crate::queue::{
-    CapsChange, DeadTask, Enqueued, ModuleVersion, NewTask, QueueControl, RunnerInfo, TaskId,
-    Tenant, TenantPause, TypeStats, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS, MAX_WEIGHT,
+    CapsChange, CatchUp, CronSchedule, DeadTask, Enqueued, ModuleVersion, NewSchedule, NewTask,
+    Overlap, QueueControl, RunnerInfo, TaskId, Tenant, TenantPause, TypeStats, MAX_DEDUP_KEY_LEN,
+    MAX_MAX_ATTEMPTS, MAX_WEIGHT,
 };
 
 /// `POST /v1/tasks` (and each element of `POST /v1/tasks/batch`). Read by the hand-written
@@ -84,6 +85,87 @@ pub(crate) fn has_nul(v: &Value) -> bool {
         _ => false,
     }
 }
+
+fn empty_object() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+fn utc() -> String {
+    "UTC".to_owned()
+}
+
+/// `POST /v1/schedules`.
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateScheduleRequest {
+    /// Unique within the tenant.
+    #[schema(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
+    pub name: String,
+    /// Five fields (`minute hour day-of-month month day-of-week`) or six (seconds first), e.g.
+    /// `*/15 * * * *` or `*/5 * * * * *`.
+    #[schema(min_length = 1, max_length = 256)]
+    pub cron: String,
+    /// IANA time zone the expression is read in (default `UTC`), e.g. `Europe/Berlin`.
+    #[serde(default = "utc")]
+    pub timezone: String,
+    /// The tenant must have a module for it (else 422).
+    #[schema(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
+    pub task_type: String,
+    /// Every tick's task gets this JSON object; `{}` when absent.
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub payload: Value,
+    #[serde(default, deserialize_with = "integer")]
+    pub priority: i32,
+    /// Default: the module's setting, else 5.
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 1, maximum = 1000)]
+    pub max_attempts: Option<i32>,
+    /// `skip` (default): no task for a tick while the previous one is pending, running or
+    /// retrying; `allow`: a task every tick.
+    #[schema(value_type = Option<Overlap>, nullable = false)]
+    pub overlap: Option<String>,
+    /// Ticks the scheduler reaches late (every runner was down): `latest` (default) runs the
+    /// latest one once; `skip` runs none more than 10 s late.
+    #[schema(value_type = Option<CatchUp>, nullable = false)]
+    pub catch_up: Option<String>,
+}
+
+impl CreateScheduleRequest {
+    pub fn into_schedule(self, tenant: &str) -> Result<NewSchedule, ApiError> {
+        let invalid = |m: String| ApiError::unprocessable("invalid_schedule", m);
+        let nul =
+            |field: &str| invalid(format!("{field} must not contain NUL (\\u0000) characters"));
+        if has_nul(&self.payload) {
+            return Err(nul("payload"));
+        }
+        let mut s = NewSchedule::new(self.name, self.cron, self.task_type)
+            .tenant(tenant)
+            .timezone(self.timezone)
+            .payload(self.payload)
+            .priority(self.priority);
+        s.max_attempts = self.max_attempts;
+        if let Some(o) = self.overlap {
+            s.overlap = o.parse().map_err(invalid)?;
+        }
+        if let Some(c) = self.catch_up {
+            s.catch_up = c.parse().map_err(invalid)?;
+        }
+        Ok(s)
+    }
+}
+
+/// `GET /v1/schedules`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct SchedulesResponse {
+    pub schedules: Vec<CronSchedule>,
+}
+
+/// An `application/wasm` body, as documented: raw bytes.
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, format = Binary)]
+#[allow(dead_code)] // only describes the body; the route streams it
+pub struct WasmModule(Vec<u8>);
 
 /// `POST /v1/tasks/cancel` body: which of the tenant's live tasks to cancel.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
@@ -280,21 +362,6 @@ pub struct Health {
     /// `ok` (`/healthz`) or `ready` (`/readyz`).
     #[schema(value_type = String)]
     pub status: &'static str,
-}
-
-/// Every error: `{"error": {"code": "...", "message": "..."}}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-pub struct ErrorResponse {
-    #[schema(inline)]
-    pub error: ErrorDetail,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-pub struct ErrorDetail {
-    /// Stable and machine-readable, e.g. `invalid_parameter`, `not_found`, `limit_too_high`.
-    pub code: String,
-    /// For people: says what is wrong and what to change.
-    pub message: String,
 }
 
 #[cfg(test)]

@@ -11,19 +11,19 @@
 
 use std::sync::OnceLock;
 
-use utoipa::openapi::path::{PathItem, PathsBuilder};
+use utoipa::openapi::path::{HttpMethod, Operation, ParameterIn, PathItem, PathsBuilder};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{Ref, RefOr};
 use utoipa::{Modify, OpenApi, ToResponse};
 use warp::http::{header, HeaderValue, StatusCode};
 use warp::reply::{Reply, Response};
 
+use super::error::ErrorResponse;
 use super::filters::Route;
-use super::handlers::modules::WasmModule;
-use super::handlers::schedules::{CreateScheduleRequest, SchedulesResponse};
 use super::models::{
-    ActivateRequest, BatchResponse, CancelTasksRequest, CapsRequest, DeadPage, EnqueueRequest,
-    ErrorResponse, Health, ModulesResponse, RateLimitRequest, StatsResponse, TenantsResponse,
-    TokenResponse, UploadResponse, WeightRequest,
+    ActivateRequest, BatchResponse, CancelTasksRequest, CapsRequest, CreateScheduleRequest,
+    DeadPage, EnqueueRequest, Health, ModulesResponse, RateLimitRequest, SchedulesResponse,
+    StatsResponse, TenantsResponse, TokenResponse, UploadResponse, WasmModule, WeightRequest,
 };
 use crate::queue::{
     BulkCancel, CatchUp, CronSchedule, ModuleVersion, Overlap, QueueControl, TaskView, Tenant,
@@ -126,6 +126,42 @@ pub fn document() -> utoipa::openapi::OpenApi {
     });
     doc.paths = paths.build();
     doc
+}
+
+/// Adds the error answers that follow from an operation's shape, so that no handler lists
+/// them: every authenticated operation can answer 401 and 500; one that writes, or takes
+/// `?tenant=`, 403 (a read-only token, another tenant named); one with a parameter (other
+/// than a task id, which the route itself parses: a bad one is no route, 404) or a body, 400;
+/// one with a body, 413 and 415. Handlers list their successes and the errors that depend on
+/// what they do (404, 409, 422, 503).
+pub fn add_common_errors(operation: &mut Operation, method: &HttpMethod) {
+    let authenticated = operation.security.as_ref().is_some_and(|s| !s.is_empty());
+    let params = operation.parameters.as_deref().unwrap_or_default();
+    let names_tenant =
+        params.iter().any(|p| p.parameter_in == ParameterIn::Query && p.name == "tenant");
+    let takes_input = operation.request_body.is_some()
+        || params.iter().any(|p| !(p.parameter_in == ParameterIn::Path && p.name == "id"));
+    let mut add = |status: u16, response: &str| {
+        operation
+            .responses
+            .responses
+            .entry(status.to_string())
+            .or_insert_with(|| RefOr::Ref(Ref::from_response_name(response)));
+    };
+    if authenticated {
+        add(401, "Unauthorized");
+        add(500, "Internal");
+        if *method != HttpMethod::Get || names_tenant {
+            add(403, "Forbidden");
+        }
+    }
+    if takes_input {
+        add(400, "BadRequest");
+    }
+    if operation.request_body.is_some() {
+        add(413, "TooLarge");
+        add(415, "UnsupportedMediaType");
+    }
 }
 
 /// [`document`] as JSON, built once.

@@ -17,7 +17,7 @@ use serde::Serialize;
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::ApiError;
-use crate::queue::{ModuleSettings, TenantCaps, DEFAULT_MAX_ATTEMPTS, MAX_MAX_ATTEMPTS};
+use crate::queue::{ModuleSettings, TaskId, TenantCaps, DEFAULT_MAX_ATTEMPTS, MAX_MAX_ATTEMPTS};
 use crate::sandbox::{LimitOverrides, Limits, SandboxConfig};
 
 const MIB: u64 = 1024 * 1024;
@@ -108,6 +108,47 @@ pub struct TenantParam {
     /// A tenant token may only name its own tenant.
     #[param(nullable = false, pattern = "^[A-Za-z0-9._-]{1,64}$")]
     pub tenant: Option<String>,
+}
+
+/// `{id}` in a path, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TaskIdPath {
+    /// The task's id (ids are global: no tenant needed).
+    #[param(value_type = i64)]
+    pub id: TaskId,
+}
+
+/// `{task_type}` in a path, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TaskTypePath {
+    /// 1 to 128 letters, digits, `.`, `-`, `_` and `:`.
+    #[param(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
+    pub task_type: String,
+}
+
+/// `{name}` in a tenant path, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TenantPath {
+    /// The tenant's name: 1 to 64 letters, digits, `.`, `-` and `_`.
+    #[param(pattern = "^[A-Za-z0-9._-]{1,64}$")]
+    pub name: String,
+}
+
+/// `{name}` in a path, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ScheduleNamePath {
+    /// The schedule's name (unique within its tenant): 1 to 128 letters, digits, `.`, `-`, `_`
+    /// and `:`.
+    #[param(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
+    pub name: String,
 }
 
 /// `GET /v1/modules` query, as documented.

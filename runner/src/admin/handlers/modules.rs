@@ -17,28 +17,14 @@ use super::{created_or_ok, json, Answer};
 use crate::admin::auth::Caller;
 use crate::admin::body::{check_content_type, read_limited, WASM};
 use crate::admin::error::ApiError;
-use crate::admin::models::{ActivateRequest, ModulesResponse, UploadResponse};
+use crate::admin::models::{ActivateRequest, ModulesResponse, UploadResponse, WasmModule};
 use crate::admin::openapi as doc;
-use crate::admin::params::{resolve_limits, ModuleListParams, Query, RequestedLimits, TenantParam};
+use crate::admin::params::{
+    resolve_limits, ModuleListParams, Query, RequestedLimits, TaskTypePath, TenantParam,
+};
 use crate::admin::AdminState;
 use crate::queue::{self, ModuleVersion};
 use crate::sandbox::{check_initial_memory, sha256_hex, CompiledModule};
-
-/// An `application/wasm` body, as documented: raw bytes.
-#[derive(utoipa::ToSchema)]
-#[schema(value_type = String, format = Binary)]
-#[allow(dead_code)] // only describes the body; the route streams it
-pub struct WasmModule(Vec<u8>);
-
-/// `{task_type}` in a path, as documented.
-#[allow(dead_code)] // only describes the parameter; the route parses it
-#[derive(Debug, utoipa::IntoParams)]
-#[into_params(parameter_in = Path)]
-pub struct TaskTypePath {
-    /// 1 to 128 letters, digits, `.`, `-`, `_` and `:`.
-    #[param(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
-    pub task_type: String,
-}
 
 fn check_task_type(task_type: &str) -> Result<(), ApiError> {
     queue::validate_task_type(task_type)
@@ -61,15 +47,9 @@ fn check_task_type(task_type: &str) -> Result<(), ApiError> {
     responses(
         (status = 201, description = "Stored as a new version and activated", body = UploadResponse),
         (status = 200, description = "Identical bytes and limits were registered: that version is active again", body = UploadResponse),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
         (status = 409, response = doc::Conflict),
-        (status = 413, response = doc::TooLarge),
-        (status = 415, response = doc::UnsupportedMediaType),
         (status = 422, response = doc::Unprocessable),
-        (status = 500, response = doc::Internal),
         (status = 503, response = doc::Unavailable),
     )
 )]
@@ -187,10 +167,6 @@ async fn validate(
     params(TenantParam, ModuleListParams),
     responses(
         (status = 200, description = "The active version of each task type (every version with `all`)", body = ModulesResponse),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn list(state: AdminState, caller: Caller, query: Vec<(String, String)>) -> Answer {
@@ -212,11 +188,7 @@ pub async fn list(state: AdminState, caller: Caller, query: Vec<(String, String)
     params(TaskTypePath, TenantParam),
     responses(
         (status = 200, description = "Every version, newest first", body = ModulesResponse),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn versions(
@@ -253,13 +225,7 @@ fn no_module(task_type: &str) -> ApiError {
     request_body(content = ActivateRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "That version, now active", body = ModuleVersion),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 413, response = doc::TooLarge),
-        (status = 415, response = doc::UnsupportedMediaType),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn activate(

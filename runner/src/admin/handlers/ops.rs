@@ -13,11 +13,9 @@ use crate::admin::auth::Caller;
 use crate::admin::error::ApiError;
 use crate::admin::models::{DeadPage, Health, RunnerView, StatsResponse};
 use crate::admin::openapi as doc;
-use crate::admin::params::{DeadParams, Query, TenantParam};
+use crate::admin::params::{DeadParams, Query, TaskIdPath, TenantParam};
 use crate::admin::AdminState;
 use crate::queue::{self, StoreError, TaskId, TaskView};
-
-use super::tasks::TaskIdPath;
 
 /// Page size of `GET /v1/dead` unless `limit` says otherwise.
 pub const DEFAULT_DEAD_PAGE: u64 = 100;
@@ -34,10 +32,6 @@ pub const MAX_DEAD_PAGE: u64 = 1000;
     params(TenantParam, DeadParams),
     responses(
         (status = 200, description = "A page of dead tasks in id order", body = DeadPage),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn dead(state: AdminState, caller: Caller, query: Vec<(String, String)>) -> Answer {
@@ -86,11 +80,8 @@ pub async fn dead(state: AdminState, caller: Caller, query: Vec<(String, String)
     params(TaskIdPath),
     responses(
         (status = 200, description = "The task, pending again", body = TaskView),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
         (status = 409, response = doc::Conflict),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn requeue(state: AdminState, caller: Caller, id: TaskId) -> Answer {
@@ -109,10 +100,6 @@ pub async fn requeue(state: AdminState, caller: Caller, id: TaskId) -> Answer {
     params(TenantParam),
     responses(
         (status = 200, description = "Per tenant and task type, and the runners", body = StatsResponse),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn stats(state: AdminState, caller: Caller, query: Vec<(String, String)>) -> Answer {
@@ -176,9 +163,7 @@ pub async fn readyz(state: AdminState) -> Answer {
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
-        (status = 401, response = doc::Unauthorized),
         (status = 403, response = doc::Forbidden),
-        (status = 500, response = doc::Internal),
         (status = 503, response = doc::Unavailable),
     )
 )]

@@ -9,14 +9,12 @@
 
 use warp::http::StatusCode;
 
-use super::modules::TaskTypePath;
-use super::tenants::TenantPath;
 use super::{json, Answer};
 use crate::admin::auth::Caller;
 use crate::admin::error::ApiError;
 use crate::admin::models::RateLimitRequest;
 use crate::admin::openapi as doc;
-use crate::admin::params::{Query, TenantParam};
+use crate::admin::params::{Query, TaskTypePath, TenantParam, TenantPath};
 use crate::admin::AdminState;
 use crate::queue::{self, FlowError, QueueControl, RateLimit, TenantPause};
 
@@ -69,11 +67,7 @@ async fn target(
     params(TaskTypePath, TenantParam),
     responses(
         (status = 200, description = "The queue, paused (a pause already in place is kept, with its time and author)", body = QueueControl),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn pause(
@@ -99,11 +93,7 @@ pub async fn pause(
     params(TaskTypePath, TenantParam),
     responses(
         (status = 200, description = "The queue as it now is (`paused` stays true while its tenant is paused)", body = QueueControl),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn resume(
@@ -130,14 +120,8 @@ pub async fn resume(
     request_body(content = RateLimitRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The queue with its rate limit", body = QueueControl),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 413, response = doc::TooLarge),
-        (status = 415, response = doc::UnsupportedMediaType),
         (status = 422, response = doc::Unprocessable),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn set_rate_limit(
@@ -166,11 +150,7 @@ pub async fn set_rate_limit(
     params(TaskTypePath, TenantParam),
     responses(
         (status = 200, description = "The queue, without a rate limit", body = QueueControl),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn clear_rate_limit(
@@ -207,11 +187,7 @@ fn operator_only(caller: &Caller) -> Result<(), ApiError> {
     params(TenantPath),
     responses(
         (status = 200, description = "The tenant, paused (a pause already in place is kept)", body = TenantPause),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn pause_tenant(state: AdminState, caller: Caller, name: String) -> Answer {
@@ -232,11 +208,7 @@ pub async fn pause_tenant(state: AdminState, caller: Caller, name: String) -> An
     params(TenantPath),
     responses(
         (status = 200, description = "The tenant, not paused", body = TenantPause),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn resume_tenant(state: AdminState, caller: Caller, name: String) -> Answer {

@@ -7,109 +7,18 @@
 //! tenant: a tenant token reaches only its own (another tenant's answers 404), the operator
 //! names the tenant with `?tenant=` (default `default`) as for writes.
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-use utoipa::ToSchema;
 use warp::http::StatusCode;
 
-use super::tasks::{check_modules, payload_limit, tenant_param};
-use super::{json, Answer};
+use super::{check_modules, json, payload_limit, tenant_param, Answer};
 use crate::admin::auth::Caller;
 use crate::admin::error::ApiError;
-use crate::admin::json_input::{integer, optional_integer};
+use crate::admin::models::{CreateScheduleRequest, SchedulesResponse};
 use crate::admin::openapi as doc;
-use crate::admin::params::TenantParam;
+use crate::admin::params::{ScheduleNamePath, TenantParam};
 use crate::admin::AdminState;
 use crate::queue::{
-    self, CatchUp, CronSchedule, InvalidSchedule, InvalidTask, NewSchedule, Overlap, ScheduleError,
-    DEFAULT_TENANT,
+    self, CronSchedule, InvalidSchedule, InvalidTask, ScheduleError, DEFAULT_TENANT,
 };
-
-/// `{name}` in a path, as documented.
-#[allow(dead_code)] // only describes the parameter; the route parses it
-#[derive(Debug, utoipa::IntoParams)]
-#[into_params(parameter_in = Path)]
-pub struct ScheduleNamePath {
-    /// The schedule's name (unique within its tenant): 1 to 128 letters, digits, `.`, `-`, `_`
-    /// and `:`.
-    #[param(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
-    pub name: String,
-}
-
-fn empty_object() -> Value {
-    Value::Object(serde_json::Map::new())
-}
-
-fn utc() -> String {
-    "UTC".to_owned()
-}
-
-/// `POST /v1/schedules`.
-#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateScheduleRequest {
-    /// Unique within the tenant.
-    #[schema(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
-    pub name: String,
-    /// Five fields (`minute hour day-of-month month day-of-week`) or six (seconds first), e.g.
-    /// `*/15 * * * *` or `*/5 * * * * *`.
-    #[schema(min_length = 1, max_length = 256)]
-    pub cron: String,
-    /// IANA time zone the expression is read in (default `UTC`), e.g. `Europe/Berlin`.
-    #[serde(default = "utc")]
-    pub timezone: String,
-    /// The tenant must have a module for it (else 422).
-    #[schema(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
-    pub task_type: String,
-    /// Every tick's task gets this JSON object; `{}` when absent.
-    #[serde(default = "empty_object")]
-    #[schema(value_type = Object)]
-    pub payload: Value,
-    #[serde(default, deserialize_with = "integer")]
-    pub priority: i32,
-    /// Default: the module's setting, else 5.
-    #[serde(default, deserialize_with = "optional_integer")]
-    #[schema(minimum = 1, maximum = 1000)]
-    pub max_attempts: Option<i32>,
-    /// `skip` (default): no task for a tick while the previous one is pending, running or
-    /// retrying; `allow`: a task every tick.
-    #[schema(value_type = Option<Overlap>, nullable = false)]
-    pub overlap: Option<String>,
-    /// Ticks the scheduler reaches late (every runner was down): `latest` (default) runs the
-    /// latest one once; `skip` runs none more than 10 s late.
-    #[schema(value_type = Option<CatchUp>, nullable = false)]
-    pub catch_up: Option<String>,
-}
-
-impl CreateScheduleRequest {
-    fn into_schedule(self, tenant: &str) -> Result<NewSchedule, ApiError> {
-        let invalid = |m: String| ApiError::unprocessable("invalid_schedule", m);
-        let nul =
-            |field: &str| invalid(format!("{field} must not contain NUL (\\u0000) characters"));
-        if crate::admin::models::has_nul(&self.payload) {
-            return Err(nul("payload"));
-        }
-        let mut s = NewSchedule::new(self.name, self.cron, self.task_type)
-            .tenant(tenant)
-            .timezone(self.timezone)
-            .payload(self.payload)
-            .priority(self.priority);
-        s.max_attempts = self.max_attempts;
-        if let Some(o) = self.overlap {
-            s.overlap = o.parse().map_err(invalid)?;
-        }
-        if let Some(c) = self.catch_up {
-            s.catch_up = c.parse().map_err(invalid)?;
-        }
-        Ok(s)
-    }
-}
-
-/// `GET /v1/schedules`.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
-pub struct SchedulesResponse {
-    pub schedules: Vec<CronSchedule>,
-}
 
 impl From<ScheduleError> for ApiError {
     fn from(e: ScheduleError) -> Self {
@@ -152,15 +61,9 @@ fn named(caller: &Caller, query: Vec<(String, String)>, name: &str) -> Result<St
     request_body(content = CreateScheduleRequest, content_type = "application/json"),
     responses(
         (status = 201, description = "Created; `next_run_at` is its first tick", body = CronSchedule),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
         (status = 409, response = doc::Conflict),
-        (status = 413, response = doc::TooLarge),
-        (status = 415, response = doc::UnsupportedMediaType),
         (status = 422, response = doc::Unprocessable),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn create(
@@ -191,10 +94,6 @@ pub async fn create(
     params(TenantParam),
     responses(
         (status = 200, description = "By tenant and name", body = SchedulesResponse),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn list(state: AdminState, caller: Caller, query: Vec<(String, String)>) -> Answer {
@@ -214,11 +113,7 @@ pub async fn list(state: AdminState, caller: Caller, query: Vec<(String, String)
     params(ScheduleNamePath, TenantParam),
     responses(
         (status = 200, description = "The schedule", body = CronSchedule),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn show(
@@ -242,11 +137,7 @@ pub async fn show(
     params(ScheduleNamePath, TenantParam),
     responses(
         (status = 200, description = "The schedule, paused", body = CronSchedule),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn pause(
@@ -271,12 +162,8 @@ pub async fn pause(
     params(ScheduleNamePath, TenantParam),
     responses(
         (status = 200, description = "The schedule, running, with its next tick", body = CronSchedule),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
         (status = 422, response = doc::Unprocessable),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn resume(
@@ -300,11 +187,7 @@ pub async fn resume(
     params(ScheduleNamePath, TenantParam),
     responses(
         (status = 200, description = "The schedule as it was", body = CronSchedule),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn delete(

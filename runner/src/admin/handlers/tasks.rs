@@ -5,72 +5,19 @@
 //! tenant's limit (`max_payload_bytes`, else the deployment's) is refused with 413
 //! `payload_too_large`; a batch is checked whole before any of it is written.
 
-use std::collections::HashSet;
-
 use warp::http::StatusCode;
 
-use super::{created_or_ok, json, Answer};
+use super::{check_modules, created_or_ok, json, payload_limit, tenant_param, Answer};
 use crate::admin::auth::Caller;
 use crate::admin::error::ApiError;
 use crate::admin::models::{BatchResponse, CancelTasksRequest, EnqueueRequest};
 use crate::admin::openapi as doc;
-use crate::admin::params::{Query, TenantParam};
+use crate::admin::params::{TaskIdPath, TenantParam};
 use crate::admin::AdminState;
 use crate::queue::{
-    self, BulkCancel, Cancel, CheckedTasks, Enqueued, InvalidTask, NewTask, QueueError, TaskId,
-    TaskState, TaskView, TenantCaps,
+    self, BulkCancel, Cancel, CheckedTasks, Enqueued, InvalidTask, QueueError, TaskId, TaskState,
+    TaskView,
 };
-
-/// `{id}` in a path, as documented.
-#[allow(dead_code)] // only describes the parameter; the route parses it
-#[derive(Debug, utoipa::IntoParams)]
-#[into_params(parameter_in = Path)]
-pub struct TaskIdPath {
-    /// The task's id (ids are global: no tenant needed).
-    #[param(value_type = i64)]
-    pub id: TaskId,
-}
-
-/// The payload limit of a tenant with these caps: its own, else the deployment's.
-pub(super) fn payload_limit(state: &AdminState, caps: &TenantCaps) -> usize {
-    caps.max_payload_bytes
-        .and_then(|v| usize::try_from(v).ok())
-        .unwrap_or(state.config().max_payload_bytes)
-}
-
-pub(super) fn tenant_param(query: Vec<(String, String)>) -> Result<Option<String>, ApiError> {
-    let mut q = Query::new(query)?;
-    let tenant = q.take("tenant");
-    q.finish()?;
-    Ok(tenant)
-}
-
-/// Refuses task types `tenant` has no module for, naming them.
-pub(super) async fn check_modules(
-    state: &AdminState,
-    tenant: &str,
-    tasks: &[NewTask],
-) -> Result<(), ApiError> {
-    let mut seen = HashSet::new();
-    let types: Vec<String> = tasks
-        .iter()
-        .map(|t| t.task_type.as_str())
-        .filter(|t| seen.insert(*t))
-        .map(str::to_owned)
-        .collect();
-    let missing = queue::missing_modules(state.store(), tenant, &types).await?;
-    match missing.as_slice() {
-        [] => Ok(()),
-        [one] => Err(ApiError::unprocessable(
-            "unknown_task_type",
-            format!("no module is registered for task_type {one:?}; upload one with PUT /v1/modules/{one}"),
-        )),
-        many => Err(ApiError::unprocessable(
-            "unknown_task_type",
-            format!("no module is registered for task types {}", many.join(", ")),
-        )),
-    }
-}
 
 /// `POST /v1/tasks`: 201 with `{id, created: true}`, or 200 with the id of the live task that
 /// already holds the `dedup_key` (`created: false`).
@@ -85,14 +32,8 @@ pub(super) async fn check_modules(
     responses(
         (status = 201, description = "Enqueued", body = Enqueued),
         (status = 200, description = "A live task holds the `dedup_key`: its id, nothing created", body = Enqueued),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 413, response = doc::TooLarge),
-        (status = 415, response = doc::UnsupportedMediaType),
         (status = 422, response = doc::Unprocessable),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn enqueue(
@@ -131,14 +72,8 @@ pub async fn enqueue(
     ),
     responses(
         (status = 201, description = "One entry per task, in input order (`created: false` where a live task held the `dedup_key`)", body = BatchResponse),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 413, response = doc::TooLarge),
-        (status = 415, response = doc::UnsupportedMediaType),
         (status = 422, response = doc::Unprocessable),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn enqueue_batch(
@@ -196,9 +131,7 @@ pub async fn enqueue_batch(
     params(TaskIdPath),
     responses(
         (status = 200, description = "The task: live, finished or dead", body = TaskView),
-        (status = 401, response = doc::Unauthorized),
         (status = 404, response = doc::NotFound),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn show(state: AdminState, caller: Caller, id: TaskId) -> Answer {
@@ -220,11 +153,8 @@ pub async fn show(state: AdminState, caller: Caller, id: TaskId) -> Answer {
     responses(
         (status = 200, description = "The task was pending or retrying: it is cancelled now", body = TaskView),
         (status = 202, description = "The task is running: the cancel is recorded (`cancel_requested_at`) and its runner is stopping the instance. The task will end `cancelled` (a report that comes now cannot win any more); read it again with GET /v1/tasks/{id}", body = TaskView),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
         (status = 409, response = doc::Conflict),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn cancel(state: AdminState, caller: Caller, id: TaskId) -> Answer {
@@ -250,13 +180,7 @@ pub async fn cancel(state: AdminState, caller: Caller, id: TaskId) -> Answer {
     request_body(content = CancelTasksRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "What was cancelled (`cancelled`) and which running tasks were asked to stop (`cancel_requested`; each ends `cancelled`)", body = BulkCancel),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 413, response = doc::TooLarge),
-        (status = 415, response = doc::UnsupportedMediaType),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn cancel_many(

@@ -12,18 +12,9 @@ use crate::admin::auth::Caller;
 use crate::admin::error::ApiError;
 use crate::admin::models::{CapsRequest, TenantsResponse, TokenResponse, WeightRequest};
 use crate::admin::openapi as doc;
+use crate::admin::params::TenantPath;
 use crate::admin::AdminState;
 use crate::queue::{self, Tenant};
-
-/// `{name}` in a tenant path, as documented.
-#[allow(dead_code)] // only describes the parameter; the route parses it
-#[derive(Debug, utoipa::IntoParams)]
-#[into_params(parameter_in = Path)]
-pub struct TenantPath {
-    /// The tenant's name: 1 to 64 letters, digits, `.`, `-` and `_`.
-    #[param(pattern = "^[A-Za-z0-9._-]{1,64}$")]
-    pub name: String,
-}
 
 fn operator_only(caller: &Caller, what: &str) -> Result<(), ApiError> {
     match caller {
@@ -45,8 +36,6 @@ fn operator_only(caller: &Caller, what: &str) -> Result<(), ApiError> {
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Every tenant (operator); a tenant sees itself", body = TenantsResponse),
-        (status = 401, response = doc::Unauthorized),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn list(state: AdminState, caller: Caller) -> Answer {
@@ -68,14 +57,8 @@ pub async fn list(state: AdminState, caller: Caller) -> Answer {
     request_body(content = WeightRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The tenant with its new weight", body = Tenant),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 413, response = doc::TooLarge),
-        (status = 415, response = doc::UnsupportedMediaType),
         (status = 422, response = doc::Unprocessable),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn set_weight(
@@ -101,14 +84,8 @@ pub async fn set_weight(
     request_body(content = CapsRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The tenant with its caps as they now are", body = Tenant),
-        (status = 400, response = doc::BadRequest),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 413, response = doc::TooLarge),
-        (status = 415, response = doc::UnsupportedMediaType),
         (status = 422, response = doc::Unprocessable),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn change_caps(
@@ -134,10 +111,7 @@ pub async fn change_caps(
     params(TenantPath),
     responses(
         (status = 200, description = "The new token, shown this once (only its SHA-256 is stored)", body = TokenResponse),
-        (status = 401, response = doc::Unauthorized),
-        (status = 403, response = doc::Forbidden),
         (status = 404, response = doc::NotFound),
-        (status = 500, response = doc::Internal),
     )
 )]
 pub async fn rotate_token(state: AdminState, caller: Caller, name: String) -> Answer {
