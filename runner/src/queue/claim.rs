@@ -78,7 +78,8 @@ pub async fn claim_from<'c, E: PgExecutor<'c>>(
     // The claim commits asynchronously (`synchronous_commit = off` for this transaction only):
     // if Postgres crashes within ~3 x wal_writer_delay of the commit, the claim is lost and
     // the task is simply pending again, to be claimed (and run) once more: at-least-once
-    // holds, and the runner that lost it is fenced out when it reports. See benches/README.md.
+    // holds, and the runner that lost it is fenced out when it reports (measured: see
+    // benches/results/journal.md).
     let ring_start: i32 = rand::random_range(0..i32::MAX);
     let rows: Vec<ClaimRow> = match mode {
         ClaimMode::Starved => {

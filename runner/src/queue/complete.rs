@@ -80,7 +80,7 @@ pub async fn complete_batch<'c, E: PgExecutor<'c>>(
     // Each fenced row moves to `finished_tasks` (DELETE ... RETURNING feeding an INSERT):
     // `tasks` keeps only live work. The commit stays synchronous: a lost completion would
     // come back as an expired lease, i.e. a failed attempt, dead-lettered if it was the last
-    // (see benches/README.md). On the shape of the statement, see `ReportsById`.
+    // (see benches/results/journal.md). On the shape of the statement, see `ReportsById`.
     let applied: Vec<(TaskId,)> = sqlx::query_as(COMPLETE)
         .bind(runner)
         .bind(&ids)
