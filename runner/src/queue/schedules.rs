@@ -591,12 +591,8 @@ pub(super) const STATEMENTS: &[(&str, &str)] = statements![
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use chrono::TimeZone;
+    use crate::queue::cron::tests::utc;
     use serde_json::json;
-
-    fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> DateTime<Utc> {
-        Utc.with_ymd_and_hms(y, mo, d, h, mi, s).unwrap()
-    }
 
     #[test]
     fn a_schedule_is_checked_field_by_field() {
