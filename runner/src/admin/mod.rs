@@ -100,8 +100,6 @@ struct Inner {
     /// The runner's module cache, when the API is served next to a runner: an upload's
     /// compiled module goes there, so its first task does not compile it again.
     modules: Option<ModuleCache>,
-    /// Per-process random key the dashboard derives CSRF tokens from (see `ui::session`).
-    ui_key: [u8; 32],
 }
 
 impl fmt::Debug for AdminState {
@@ -167,7 +165,6 @@ impl AdminState {
                 validation_slots,
                 compile_turns: Arc::default(),
                 modules,
-                ui_key: ui::new_key(),
             }),
         })
     }
@@ -191,10 +188,6 @@ impl AdminState {
 
     fn operator_token_hash(&self) -> Option<&str> {
         self.inner.operator_token_hash.as_deref()
-    }
-
-    fn ui_key(&self) -> &[u8; 32] {
-        &self.inner.ui_key
     }
 
     fn validation_slots(&self) -> Arc<Semaphore> {

@@ -136,6 +136,19 @@ pub async fn requeue<'c, E: PgExecutor<'c>>(
     }
 }
 
+/// Deletes finished (succeeded, cancelled) and dead tasks among `ids` (of `tenant`, or any for
+/// the operator) for good; live ones are left alone (cancel them first). Returns the ids
+/// deleted.
+pub async fn delete_tasks<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: Option<&str>,
+    ids: &[TaskId],
+) -> Result<Vec<TaskId>, QueueError> {
+    let rows: Vec<(TaskId,)> =
+        sqlx::query_as(DELETE_TASKS).bind(ids).bind(tenant).fetch_all(executor).await?;
+    Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
 /// One entry of a task's `errors` history, as the failure reports write it (see
 /// `complete::HistoryEntry`). Never built in Rust: the history is JSON from the database;
 /// this type only describes it in the admin API's OpenAPI document.
@@ -426,6 +439,19 @@ const GET_TASK: &str = concat!(
     from sweep.dead_tasks where id = $1 and ($2::text is null or tenant = $2)
     "#
 );
+const DELETE_TASKS: &str = r#"
+    with finished as (
+        delete from sweep.finished_tasks
+        where id = any($1::int8[]) and ($2::text is null or tenant = $2)
+        returning id
+    ),
+    dead as (
+        delete from sweep.dead_tasks
+        where id = any($1::int8[]) and ($2::text is null or tenant = $2)
+        returning id
+    )
+    select id from finished union all select id from dead
+    "#;
 const LIST_DEAD: &str = r#"
     select id, tenant, task_type, payload, attempts, max_attempts, reason, last_error,
            errors, module_sha256, created_at, died_at
@@ -439,4 +465,4 @@ const LIST_DEAD: &str = r#"
 
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] =
-    statements![CANCEL, BULK_CANCEL, REQUEUE, GET_TASK, LIST_DEAD];
+    statements![CANCEL, BULK_CANCEL, REQUEUE, GET_TASK, LIST_DEAD, DELETE_TASKS];

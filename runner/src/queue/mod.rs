@@ -103,12 +103,14 @@ mod enqueue;
 mod error;
 mod flow;
 mod maintenance;
+mod minutes;
 mod modules;
 mod notify;
 mod pooler;
 mod retry;
 mod runners;
 mod schedules;
+mod sessions;
 #[cfg(test)]
 mod statements_tests;
 mod stats;
@@ -125,8 +127,8 @@ pub use claim::{
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
 pub use copy::COPY_MIN_BATCH;
 pub use dead::{
-    cancel, cancel_matching, get_task, list_dead, requeue, AttemptError, BulkCancel, Cancel,
-    DeadTask, TaskView,
+    cancel, cancel_matching, delete_tasks, get_task, list_dead, requeue, AttemptError, BulkCancel,
+    Cancel, DeadTask, TaskView,
 };
 pub use enqueue::{
     enqueue, enqueue_many, enqueue_many_using, enqueue_many_within, enqueue_within, EnqueueMethod,
@@ -142,6 +144,10 @@ pub use maintenance::{
     prune_runners, reap_expired, repair_queue_hints, retain_finished, vacuum_live, RescuedTask,
     Retention, PARTITIONS_AHEAD_DAYS,
 };
+pub use minutes::{
+    add_minutes, lag_bucket, lag_quantile, minute_series, minute_types, prune_minutes, MinuteDelta,
+    MinuteRange, MinuteTotals, MINUTE_LAG_BUCKETS, MINUTE_LAG_BUCKETS_MS,
+};
 pub use modules::{
     activate_version, active_module_shas, list_versions, module_bytes, register_module,
     ModuleSettings, ModuleVersion, Registered,
@@ -156,6 +162,7 @@ pub use schedules::{
     CronSpec, InvalidSchedule, NewSchedule, Overlap, ScheduleError, TickPlan, TickReport,
     LATE_AFTER, MAX_SCHEDULE_NAME_LEN,
 };
+pub use sessions::{close_ui_session, find_ui_session, open_ui_session, UiSession};
 pub use stats::{queue_stats, TypeStats};
 pub use store::{
     check_schema, migrate, migrate_with, Migrated, Role, Store, StoreError, StoreOptions, SCHEMA,
@@ -169,7 +176,10 @@ pub use types::{
     validate_task_type, validate_tenant, ActiveModule, ClaimedTask, NewTask, Schedule, TaskId,
     DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS,
 };
-pub use views::{list_tasks, throughput_last_hour, MinuteCounts, TaskFilter, TaskRow};
+pub use views::{
+    count_tasks, list_queues, list_tasks, payload_match, throughput_last_hour, MinuteCounts,
+    QueueRow, StateCounts, TaskFilter, TaskRow, COUNT_CAP,
+};
 pub use vocab::{FailureKind, TaskState};
 
 /// The migrations in `migrations/`, embedded at build time.
@@ -186,9 +196,11 @@ pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)>
         enqueue::STATEMENTS,
         flow::STATEMENTS,
         maintenance::STATEMENTS,
+        minutes::STATEMENTS,
         modules::STATEMENTS,
         runners::STATEMENTS,
         schedules::STATEMENTS,
+        sessions::STATEMENTS,
         stats::STATEMENTS,
         store::STATEMENTS,
         tenants::STATEMENTS,

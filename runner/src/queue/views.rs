@@ -1,12 +1,22 @@
-//! Reads for the dashboard: task lists filtered by state, type and time across the live,
-//! finished and dead tables, and per-minute throughput and failures over the last hour.
+//! Reads for the dashboard and `GET /v1/tasks`: task lists filtered by state, type (exact or
+//! prefix), id, payload content and creation time across the live, finished and dead tables,
+//! per-state counts of such a filter, and per-minute throughput and failures over the last
+//! hour.
 //!
 //! Admin reads, not hot paths. Scoping as everywhere: `tenant = Some(t)` sees only tenant
 //! `t`'s rows, `None` (the operator) sees all.
+//!
+//! At scale (millions of finished or dead tasks), every filter of a search has an index in
+//! the history and the dead letters (migrations/0024_console.sql): ids the primary keys, a type
+//! prefix a `text_pattern_ops` range, payload content a `jsonb_path_ops` GIN (containment; a
+//! path = value search is turned into one by [`payload_match`]). The live table keeps only the
+//! indexes the claim needs; its filters read the rows of its tenant and type. Counts stop at
+//! [`COUNT_CAP`] per state, so a tab over a huge history costs a bounded read.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgExecutor;
+use serde_json::Value;
+use sqlx::{types::Json, PgExecutor};
 
 use super::{QueueError, TaskId, TaskState};
 
@@ -22,13 +32,63 @@ pub struct TaskFilter {
     pub until: Option<DateTime<Utc>>,
     /// Page cursor: only ids below this one (lists run newest first).
     pub before: Option<TaskId>,
+    /// Only this task.
+    pub id: Option<TaskId>,
+    /// Only task types starting with this (letters, digits, `.`, `-`, `_`, `:`).
+    pub type_prefix: Option<String>,
+    /// Only tasks whose payload contains this JSON object (see [`payload_match`]).
+    pub payload: Option<Value>,
     /// Page size (clamped to 1..=500).
     pub limit: i64,
 }
 
+/// Most tasks a per-state count reads; a count at the cap means "at least this many".
+pub const COUNT_CAP: i64 = 10_000;
+
+/// The exclusive upper end of the range of task types starting with `prefix` in bytewise order
+/// (`mail.` to `mail/`): the prefix with its last character one higher. Task types are ASCII
+/// below `~`, so the next character exists.
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut bytes = prefix.as_bytes().to_vec();
+    let last = bytes.pop()?;
+    bytes.push(last.checked_add(1).filter(u8::is_ascii)?);
+    String::from_utf8(bytes).ok()
+}
+
+/// What a payload search asks for, as a JSON object the payload must contain: the object
+/// itself (`{"to": "a@example.com"}`), or `path=value` with a dotted path (`user.id=42`,
+/// `to=a@example.com`), the value read as JSON when it is JSON (`42`, `true`, `"42"`) and as
+/// a string otherwise. One index (containment) serves both.
+pub fn payload_match(raw: &str) -> Result<Value, String> {
+    let raw = raw.trim();
+    if raw.starts_with('{') {
+        return match serde_json::from_str::<Value>(raw) {
+            Ok(v @ Value::Object(_)) => Ok(v),
+            Ok(_) => Err("a payload search in braces must be a JSON object".to_owned()),
+            Err(e) => Err(format!("not a JSON object: {e}")),
+        };
+    }
+    let Some((path, value)) = raw.split_once('=') else {
+        return Err("expected a JSON object, or path=value (e.g. user.id=42)".to_owned());
+    };
+    let path: Vec<&str> = path.trim().split('.').collect();
+    if path.iter().any(|k| k.is_empty()) {
+        return Err(format!("the path {:?} has an empty key", path.join(".")));
+    }
+    let value = value.trim();
+    let mut found = serde_json::from_str::<Value>(value).unwrap_or_else(|_| Value::from(value));
+    for key in path.iter().rev() {
+        let mut object = serde_json::Map::new();
+        object.insert((*key).to_owned(), found);
+        found = Value::Object(object);
+    }
+    Ok(found)
+}
+
 /// One line of a task list.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct TaskRow {
+    #[schema(value_type = i64)]
     pub id: TaskId,
     pub tenant: String,
     pub task_type: String,
@@ -39,7 +99,55 @@ pub struct TaskRow {
     pub created_at: DateTime<Utc>,
     /// When it is due (live), finished (succeeded, cancelled) or died (dead).
     pub at: DateTime<Utc>,
+    #[schema(required)]
     pub last_error: Option<String>,
+}
+
+/// How many tasks of a filter are in each state (its `state` ignored), each at most
+/// [`COUNT_CAP`].
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema,
+)]
+pub struct StateCounts {
+    pub pending: i64,
+    pub running: i64,
+    pub retrying: i64,
+    pub succeeded: i64,
+    pub cancelled: i64,
+    pub dead: i64,
+}
+
+impl StateCounts {
+    pub fn of(&self, state: TaskState) -> i64 {
+        match state {
+            TaskState::Pending => self.pending,
+            TaskState::Running => self.running,
+            TaskState::Retrying => self.retrying,
+            TaskState::Succeeded => self.succeeded,
+            TaskState::Cancelled => self.cancelled,
+            TaskState::Dead => self.dead,
+        }
+    }
+}
+
+/// Per-state counts of the tasks matching `f` (its `state`, `before` and `limit` ignored).
+pub async fn count_tasks<'c, E: PgExecutor<'c>>(
+    executor: E,
+    f: &TaskFilter,
+) -> Result<StateCounts, QueueError> {
+    let end = f.type_prefix.as_deref().and_then(prefix_end);
+    Ok(sqlx::query_as(COUNT_TASKS)
+        .bind(f.tenant.as_deref())
+        .bind(f.task_type.as_deref())
+        .bind(f.since)
+        .bind(f.until)
+        .bind(f.type_prefix.as_deref())
+        .bind(end)
+        .bind(f.payload.as_ref().map(Json))
+        .bind(f.id)
+        .bind(COUNT_CAP)
+        .fetch_one(executor)
+        .await?)
 }
 
 /// Tasks matching `f`, newest (highest id) first.
@@ -47,6 +155,7 @@ pub async fn list_tasks<'c, E: PgExecutor<'c>>(
     executor: E,
     f: &TaskFilter,
 ) -> Result<Vec<TaskRow>, QueueError> {
+    let end = f.type_prefix.as_deref().and_then(prefix_end);
     Ok(sqlx::query_as(LIST_TASKS)
         .bind(f.tenant.as_deref())
         .bind(f.state.map(TaskState::as_str))
@@ -55,8 +164,38 @@ pub async fn list_tasks<'c, E: PgExecutor<'c>>(
         .bind(f.until)
         .bind(f.before)
         .bind(f.limit.clamp(1, 500))
+        .bind(f.type_prefix.as_deref())
+        .bind(end)
+        .bind(f.payload.as_ref().map(Json))
+        .bind(f.id)
         .fetch_all(executor)
         .await?)
+}
+
+/// A queue (tenant, task type) as the queues page shows it: its flow control, its tenant's
+/// pause and the active module's running limit.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct QueueRow {
+    pub tenant: String,
+    pub task_type: String,
+    /// Whether claims skip it now (its own pause or its tenant's).
+    pub paused: bool,
+    pub paused_at: Option<DateTime<Utc>>,
+    pub paused_by: Option<String>,
+    pub tenant_paused_at: Option<DateTime<Utc>>,
+    pub tenant_paused_by: Option<String>,
+    pub rate_per_sec: Option<f64>,
+    pub burst: Option<i32>,
+    /// The active module's limit on tasks of this type running at once.
+    pub max_running: Option<i32>,
+}
+
+/// Every queue of `tenant` (all for `None`), by tenant and task type.
+pub async fn list_queues<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: Option<&str>,
+) -> Result<Vec<QueueRow>, QueueError> {
+    Ok(sqlx::query_as(LIST_QUEUES).bind(tenant).fetch_all(executor).await?)
 }
 
 /// Tasks that succeeded and attempts that failed during one minute.
@@ -77,26 +216,40 @@ pub async fn throughput_last_hour<'c, E: PgExecutor<'c>>(
     Ok(sqlx::query_as(THROUGHPUT_LAST_HOUR).bind(tenant).fetch_all(executor).await?)
 }
 
+/// The filter every table of a list or count shares (`$1` tenant, `$3` task type, `$4`/`$5`
+/// creation time, `$8`/`$9` type prefix range, `$10` payload containment, `$11` id). Each
+/// `$n is null or ...` is decided once per execution: Postgres plans the statement for the
+/// values given, so an index serves what is asked.
+macro_rules! task_filter {
+    () => {
+        "($1::text is null or tenant = $1)
+           and ($3::text is null or task_type = $3)
+           and ($4::timestamptz is null or created_at >= $4)
+           and ($5::timestamptz is null or created_at < $5)
+           and ($8::text is null or (task_type ~>=~ $8 and task_type ~<~ $9))
+           and ($10::jsonb is null or payload @> $10)
+           and ($11::int8 is null or id = $11)"
+    };
+}
+
 const LIST_TASKS: &str = concat!(
     r#"
     select * from (
         (select id, tenant, task_type, state, attempts, max_attempts, created_at,
                 run_at as at, last_error
          from sweep.tasks
-         where ($1::text is null or tenant = $1) and ($2::text is null or state = $2)
-           and ($3::text is null or task_type = $3)
-           and ($4::timestamptz is null or created_at >= $4)
-           and ($5::timestamptz is null or created_at < $5)
+         where ($2::text is null or state = $2) and "#,
+    task_filter!(),
+    r#"
            and ($6::int8 is null or id < $6)
          order by id desc limit $7)
         union all
         (select id, tenant, task_type, state, attempts, max_attempts, created_at,
                 finished_at, last_error
          from sweep.finished_tasks
-         where ($1::text is null or tenant = $1) and ($2::text is null or state = $2)
-           and ($3::text is null or task_type = $3)
-           and ($4::timestamptz is null or created_at >= $4)
-           and ($5::timestamptz is null or created_at < $5)
+         where ($2::text is null or state = $2) and "#,
+    task_filter!(),
+    r#"
            and ($6::int8 is null or id < $6)
          order by id desc limit $7)
         union all
@@ -105,12 +258,11 @@ const LIST_TASKS: &str = concat!(
     r#", attempts, max_attempts, created_at,
                 died_at, last_error
          from sweep.dead_tasks
-         where ($1::text is null or tenant = $1) and ($2::text is null or $2 = "#,
+         where ($2::text is null or $2 = "#,
     state!(dead),
-    r#")
-           and ($3::text is null or task_type = $3)
-           and ($4::timestamptz is null or created_at >= $4)
-           and ($5::timestamptz is null or created_at < $5)
+    r#") and "#,
+    task_filter!(),
+    r#"
            and ($6::int8 is null or id < $6)
          order by id desc limit $7)
     ) every
@@ -118,6 +270,50 @@ const LIST_TASKS: &str = concat!(
     limit $7
     "#
 );
+/// One state's capped count; the filter of [`task_filter`] with the binds of [`count_tasks`]
+/// (tenant, type, since, until, prefix, prefix end, payload, id, cap).
+macro_rules! count_in {
+    ($table:literal, $($state:tt)+) => {
+        concat!(
+            "(select count(*) from (select 1 from sweep.",
+            $table,
+            " where ",
+            $($state)+,
+            " and ($1::text is null or tenant = $1)
+               and ($2::text is null or task_type = $2)
+               and ($3::timestamptz is null or created_at >= $3)
+               and ($4::timestamptz is null or created_at < $4)
+               and ($5::text is null or (task_type ~>=~ $5 and task_type ~<~ $6))
+               and ($7::jsonb is null or payload @> $7)
+               and ($8::int8 is null or id = $8)
+             limit $9) c)"
+        )
+    };
+}
+const COUNT_TASKS: &str = concat!(
+    "select ",
+    count_in!("tasks", "state = ", state!(pending)),
+    " as pending, ",
+    count_in!("tasks", "state = ", state!(running)),
+    " as running, ",
+    count_in!("tasks", "state = ", state!(retrying)),
+    " as retrying, ",
+    count_in!("finished_tasks", "state = ", state!(succeeded)),
+    " as succeeded, ",
+    count_in!("finished_tasks", "state = ", state!(cancelled)),
+    " as cancelled, ",
+    count_in!("dead_tasks", "true"),
+    " as dead"
+);
+const LIST_QUEUES: &str = r#"
+    select q.tenant, q.task_type, q.paused, q.paused_at, q.paused_by,
+           t.paused_at as tenant_paused_at, t.paused_by as tenant_paused_by,
+           q.rate_per_sec, q.burst, q.max_running
+    from sweep.queues q
+    left join sweep.tenants t on t.name = q.tenant
+    where $1::text is null or q.tenant = $1
+    order by q.tenant, q.task_type
+    "#;
 const THROUGHPUT_LAST_HOUR: &str = concat!(
     r#"
     with bounds as (select date_trunc('minute', now()) - interval '59 minutes' as start),
@@ -158,4 +354,32 @@ const THROUGHPUT_LAST_HOUR: &str = concat!(
     "#
 );
 #[cfg(test)]
-pub(super) const STATEMENTS: &[(&str, &str)] = statements![LIST_TASKS, THROUGHPUT_LAST_HOUR];
+pub(super) const STATEMENTS: &[(&str, &str)] =
+    statements![LIST_TASKS, COUNT_TASKS, LIST_QUEUES, THROUGHPUT_LAST_HOUR];
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn payload_searches_become_containment() {
+        assert_eq!(payload_match(r#"{"to": "a@b"}"#).unwrap(), json!({"to": "a@b"}));
+        assert_eq!(payload_match("to=a@b").unwrap(), json!({"to": "a@b"}));
+        assert_eq!(payload_match("user.id=42").unwrap(), json!({"user": {"id": 42}}));
+        assert_eq!(payload_match("user.id=\"42\"").unwrap(), json!({"user": {"id": "42"}}));
+        assert_eq!(payload_match("ok = true").unwrap(), json!({"ok": true}));
+        assert!(payload_match("[1]").is_err());
+        assert!(payload_match("{nope").is_err());
+        assert!(payload_match("no equals").is_err());
+        assert!(payload_match("a..b=1").is_err());
+    }
+
+    #[test]
+    fn prefixes_end_one_past() {
+        assert_eq!(prefix_end("mail.").as_deref(), Some("mail/"));
+        assert_eq!(prefix_end("a").as_deref(), Some("b"));
+        assert_eq!(prefix_end(""), None);
+    }
+}

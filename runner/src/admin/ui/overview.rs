@@ -40,10 +40,14 @@ pub async fn login(
         return login_page(Some("cross-origin login refused"), StatusCode::FORBIDDEN);
     }
     let token = form.iter().find(|(k, _)| k == "token").map(|(_, v)| v.trim()).unwrap_or("");
-    match identify_token(&state, token).await {
-        Ok(_) => {
+    let cookie = match identify_token(&state, token).await {
+        Ok(_) => session::open(&state, token).await,
+        Err(e) => Err(e),
+    };
+    match cookie {
+        Ok(cookie) => {
             let mut r = see_other("/ui");
-            if let Ok(v) = HeaderValue::from_str(&session::login_cookie(token)) {
+            if let Ok(v) = HeaderValue::from_str(&cookie) {
                 r.headers_mut().insert(header::SET_COOKIE, v);
             }
             r
@@ -55,12 +59,14 @@ pub async fn login(
     }
 }
 
-pub fn logout() -> Response {
+/// `POST /ui/logout`: the session ends on the server, and the cookie goes.
+pub async fn logout(state: &AdminState, s: &Session) -> Page {
+    session::close(state, s).await?;
     let mut r = see_other("/ui/login");
     if let Ok(v) = HeaderValue::from_str(&session::logout_cookie()) {
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
-    r
+    Ok(r)
 }
 
 /// `GET /ui` (`?tenant=` narrows the operator's view).
