@@ -47,3 +47,10 @@ create index finished_tasks_by_type on sweep.finished_tasks (tenant, task_type t
 create index finished_tasks_payload on sweep.finished_tasks using gin (payload jsonb_path_ops);
 create index dead_tasks_by_type_prefix on sweep.dead_tasks (tenant, task_type text_pattern_ops, id);
 create index dead_tasks_payload on sweep.dead_tasks using gin (payload jsonb_path_ops);
+
+-- `GET /v1/tasks/{id}?wait=30s`: a waiter marks the live task it waits for, and the statement
+-- that ends a marked task (a report, a cancel, the reaper) sends `NOTIFY sweep_done, '<id>'`
+-- in the same statement. Unmarked tasks (nearly all) end without a notification, so reports
+-- do not take the commit-time lock that NOTIFY needs; the column is read from rows those
+-- statements already hold, and it is in no index, so marking a row is a HOT update.
+alter table sweep.tasks add column watched_at timestamptz;

@@ -39,6 +39,7 @@ mod openapi;
 mod params;
 mod turns;
 mod ui;
+mod wait;
 
 use std::fmt;
 use std::future::Future;
@@ -100,6 +101,8 @@ struct Inner {
     /// The runner's module cache, when the API is served next to a runner: an upload's
     /// compiled module goes there, so its first task does not compile it again.
     modules: Option<ModuleCache>,
+    /// Task ends, for `GET /v1/tasks/{id}?wait=` (one LISTEN, started at the first wait).
+    ends: wait::Ends,
 }
 
 impl fmt::Debug for AdminState {
@@ -165,6 +168,7 @@ impl AdminState {
                 validation_slots,
                 compile_turns: Arc::default(),
                 modules,
+                ends: wait::Ends::default(),
             }),
         })
     }
@@ -188,6 +192,10 @@ impl AdminState {
 
     fn operator_token_hash(&self) -> Option<&str> {
         self.inner.operator_token_hash.as_deref()
+    }
+
+    fn ends(&self) -> &wait::Ends {
+        &self.inner.ends
     }
 
     fn validation_slots(&self) -> Arc<Semaphore> {

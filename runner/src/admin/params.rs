@@ -155,6 +155,19 @@ pub struct ScheduleNamePath {
     pub name: String,
 }
 
+/// `GET /v1/tasks/{id}` query, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WaitParam {
+    /// Answer once the task has ended (succeeded, cancelled or dead), or after this long,
+    /// whichever is first: `30s`, `500ms`, `2m` or seconds, at most 60 s. The answer is the
+    /// task as it then is; a live state means the wait ran out. Woken by Postgres (LISTEN),
+    /// not by polling.
+    #[param(nullable = false, pattern = "^[0-9]+(\\.[0-9]+)?(ms|s|m)?$")]
+    pub wait: Option<String>,
+}
+
 /// `GET /v1/modules` query, as documented.
 #[allow(dead_code)] // only describes the parameter; the route parses it
 #[derive(Debug, IntoParams)]

@@ -71,6 +71,26 @@ macro_rules! notify_cancel {
     };
 }
 
+/// The channel that tells waiters (`GET /v1/tasks/{id}?wait=`) a task they marked ended, as a
+/// string literal.
+macro_rules! done_channel {
+    () => {
+        "sweep_done"
+    };
+}
+
+/// A `RETURNING` column for a statement that ends tasks (deletes them from `tasks`): notifies
+/// `sweep_done` with the task's id when a waiter marked it (`watched_at`), nothing otherwise.
+macro_rules! notify_done {
+    () => {
+        concat!(
+            "case when watched_at is not null then pg_notify('",
+            done_channel!(),
+            "', id::text) end as woke"
+        )
+    };
+}
+
 /// A CTE, `woken_queues`, that makes every queue of the rows in CTE `$rows` (which returns
 /// `tenant, task_type, run_at`) findable by claims: see `sweep_wake_queues` in
 /// migrations/0009_fair_share.sql. Every statement that makes tasks wait includes it and
@@ -127,8 +147,8 @@ pub use claim::{
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
 pub use copy::COPY_MIN_BATCH;
 pub use dead::{
-    cancel, cancel_matching, delete_tasks, get_task, list_dead, requeue, AttemptError, BulkCancel,
-    Cancel, DeadTask, TaskView,
+    cancel, cancel_matching, delete_tasks, get_task, list_dead, requeue, watch_task, AttemptError,
+    BulkCancel, Cancel, DeadTask, TaskView, DONE_CHANNEL,
 };
 pub use enqueue::{
     enqueue, enqueue_many, enqueue_many_using, enqueue_many_within, enqueue_within, EnqueueMethod,

@@ -1,7 +1,7 @@
 //! Reads for the dashboard and `GET /v1/tasks`: task lists filtered by state, type (exact or
 //! prefix), id, payload content and creation time across the live, finished and dead tables,
-//! per-state counts of such a filter, and per-minute throughput and failures over the last
-//! hour.
+//! per-state counts of such a filter, the queues with their flow control, and per-minute
+//! throughput and failures over the last hour (from the runners' counters, `minutes.rs`).
 //!
 //! Admin reads, not hot paths. Scoping as everywhere: `tenant = Some(t)` sees only tenant
 //! `t`'s rows, `None` (the operator) sees all.
@@ -13,11 +13,12 @@
 //! indexes the claim needs; its filters read the rows of its tenant and type. Counts stop at
 //! [`COUNT_CAP`] per state, so a tab over a huge history costs a bounded read.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::{types::Json, PgExecutor};
 
+use super::minutes::{minute_series, MinuteRange};
 use super::{QueueError, TaskId, TaskState};
 
 /// Which tasks a list shows. Every field narrows; `None` does not.
@@ -199,21 +200,43 @@ pub async fn list_queues<'c, E: PgExecutor<'c>>(
 }
 
 /// Tasks that succeeded and attempts that failed during one minute.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MinuteCounts {
     pub minute: DateTime<Utc>,
     pub succeeded: i64,
     pub failed: i64,
 }
 
-/// The last 60 minutes (the current one included), oldest first, one entry per minute even
-/// when nothing happened. Failed attempts are read from the error histories, so a task that
-/// failed twice counts twice.
+/// The last 60 minutes (the current one included, by this process's clock), oldest first,
+/// one entry per minute even when nothing happened, from the runners' per-minute counters
+/// (`minutes.rs`): failed attempts are attempts, so a task that failed twice counts twice.
 pub async fn throughput_last_hour<'c, E: PgExecutor<'c>>(
     executor: E,
     tenant: Option<&str>,
 ) -> Result<Vec<MinuteCounts>, QueueError> {
-    Ok(sqlx::query_as(THROUGHPUT_LAST_HOUR).bind(tenant).fetch_all(executor).await?)
+    let minute = TimeDelta::minutes(1);
+    let now = Utc::now();
+    let to = now.duration_trunc(minute).unwrap_or(now) + minute;
+    let from = to - TimeDelta::minutes(60);
+    let range = MinuteRange {
+        tenant: tenant.map(str::to_owned),
+        task_type: None,
+        from,
+        to,
+        step: std::time::Duration::from_secs(60),
+    };
+    let counted = minute_series(executor, &range).await?;
+    Ok((0..60)
+        .map(|i| {
+            let at = from + minute * i;
+            let m = counted.iter().find(|m| m.at == at);
+            MinuteCounts {
+                minute: at,
+                succeeded: m.map_or(0, |m| m.succeeded),
+                failed: m.map_or(0, |m| m.failed),
+            }
+        })
+        .collect())
 }
 
 /// The filter every table of a list or count shares (`$1` tenant, `$3` task type, `$4`/`$5`
@@ -314,48 +337,8 @@ const LIST_QUEUES: &str = r#"
     where $1::text is null or q.tenant = $1
     order by q.tenant, q.task_type
     "#;
-const THROUGHPUT_LAST_HOUR: &str = concat!(
-    r#"
-    with bounds as (select date_trunc('minute', now()) - interval '59 minutes' as start),
-    minutes as (
-        select generate_series((select start from bounds), date_trunc('minute', now()),
-                               interval '1 minute') as minute
-    ),
-    done as (
-        select date_trunc('minute', finished_at) as minute, count(*) as n
-        from sweep.finished_tasks
-        where state = "#,
-    state!(succeeded),
-    r#" and finished_at >= (select start from bounds)
-          and ($1::text is null or tenant = $1)
-        group by 1
-    ),
-    histories as (
-        select errors from sweep.tasks
-        where updated_at >= (select start from bounds) and ($1::text is null or tenant = $1)
-        union all
-        select errors from sweep.finished_tasks
-        where finished_at >= (select start from bounds) and ($1::text is null or tenant = $1)
-        union all
-        select errors from sweep.dead_tasks
-        where died_at >= (select start from bounds) and ($1::text is null or tenant = $1)
-    ),
-    failed as (
-        select date_trunc('minute', (e ->> 'at')::timestamptz) as minute, count(*) as n
-        from histories h, jsonb_array_elements(h.errors) e
-        where (e ->> 'at')::timestamptz >= (select start from bounds)
-        group by 1
-    )
-    select m.minute, coalesce(d.n, 0)::int8 as succeeded, coalesce(f.n, 0)::int8 as failed
-    from minutes m
-    left join done d on d.minute = m.minute
-    left join failed f on f.minute = m.minute
-    order by m.minute
-    "#
-);
 #[cfg(test)]
-pub(super) const STATEMENTS: &[(&str, &str)] =
-    statements![LIST_TASKS, COUNT_TASKS, LIST_QUEUES, THROUGHPUT_LAST_HOUR];
+pub(super) const STATEMENTS: &[(&str, &str)] = statements![LIST_TASKS, COUNT_TASKS, LIST_QUEUES];
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

@@ -15,6 +15,7 @@
 
 mod bulk;
 mod chart;
+mod charts;
 mod dead;
 mod layout;
 mod manage;
@@ -325,6 +326,12 @@ pub fn routes(state: AdminState) -> BoxedFilter<(Response,)> {
                 schedules::act(state, s, tenant, name, act, form).await
             })
         });
+    let chart_page = warp::path!("charts")
+        .and(warp::get())
+        .and(with(&state))
+        .and(cookie())
+        .and(q())
+        .then(|state, cookie, q| get(state, cookie, q, charts::charts));
     let runner_list = warp::path!("runners")
         .and(warp::get())
         .and(with(&state))
@@ -341,6 +348,8 @@ pub fn routes(state: AdminState) -> BoxedFilter<(Response,)> {
         .or(schedule_act)
         .unify()
         .or(runner_list)
+        .unify()
+        .or(chart_page)
         .unify();
 
     let assets = htmx.or(css).unify().or(login_page).unify().or(login).unify().or(logout).unify();
