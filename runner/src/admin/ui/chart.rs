@@ -57,7 +57,8 @@ impl TimeAxis {
         }
         let every = (n / 6).max(1);
         let format = if self.step_secs >= 3600 { "%a %H:%M" } else { "%H:%M" };
-        for (i, at) in self.steps.iter().enumerate().step_by(every) {
+        // The first label sits a step in, clear of the y axis's labels.
+        for (i, at) in self.steps.iter().enumerate().skip(every / 2).step_by(every) {
             let x = self.x(i);
             let _ = write!(
                 svg,
@@ -80,7 +81,9 @@ fn nice_max(max: f64) -> (f64, f64) {
     for m in [1.0, 2.0, 2.5, 5.0, 10.0] {
         let top = m * magnitude;
         if top >= max {
-            let step = top / if m == 2.5 { 5.0 } else { 4.0 };
+            let step = top / if m == 2.5 || m == 5.0 { 5.0 } else { 4.0 };
+            // Counts: whole ticks once the axis reaches a few.
+            let step = if top >= 4.0 && step < 1.0 { 1.0 } else { step };
             return (top, step);
         }
     }

@@ -66,7 +66,7 @@ pub fn head(title: &str) -> Markup {
             meta charset="utf-8";
             meta name="viewport" content="width=device-width, initial-scale=1";
             title { (title) " · Sweep" }
-            link rel="stylesheet" href="/ui/static/style.css?v=1";
+            link rel="stylesheet" href="/ui/static/style.css?v=2";
             script src="/ui/static/htmx.min.js?v=2.0.11" {}
         }
     }
