@@ -1,9 +1,8 @@
 //! History at scale: finished tasks are partitioned by UTC day of `finished_at`
-//! (migrations/0019_finished_partitions.sql). The migration keeps the history a database
-//! already holds, finished tasks land in their day's partition (the default one when none
-//! covers them, until maintenance moves them), retention drops whole partitions, runners
-//! maintaining at once do not trip over each other, and a lookup by id probes an index in
-//! every partition.
+//! (runner/sql/retention.sql). Finished tasks land in their day's partition (the default one
+//! when none covers them, until maintenance moves them), retention drops whole partitions,
+//! runners maintaining at once do not trip over each other, and a lookup by id probes an index
+//! in every partition.
 
 mod common;
 
@@ -16,20 +15,10 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
 };
-use sweep::queue::{self, TaskId, MIGRATOR};
+use sweep::queue::{self, TaskId};
 use sweep_dev::fixtures;
 
 const DAY: Duration = Duration::from_secs(86_400);
-
-/// Applies every embedded migration whose version is in `versions`, in order.
-async fn apply(pool: &PgPool, versions: impl Fn(i64) -> bool) {
-    for m in MIGRATOR.iter().filter(|m| versions(m.version)) {
-        sqlx::raw_sql(&m.sql)
-            .execute(pool)
-            .await
-            .unwrap_or_else(|e| panic!("migration {} failed: {e}", m.version));
-    }
-}
 
 /// Inserts a succeeded task `id` that finished `days_ago` days ago (negative: ahead).
 async fn insert_finished(pool: &PgPool, id: TaskId, days_ago: f64) {
@@ -100,58 +89,6 @@ async fn complete_new(pool: &PgPool, n: i64) -> Vec<TaskId> {
 }
 
 #[sqlx::test(migrations = false)]
-async fn history_from_before_partitioning_stays_in_place_and_is_found_by_id(pool: PgPool) {
-    apply(&pool, |v| v < 19).await;
-    insert_finished(&pool, 101, 10.0).await;
-    insert_finished(&pool, 102, 2.0).await;
-    insert_finished(&pool, 103, 0.0).await;
-
-    apply(&pool, |v| v >= 19).await;
-
-    for id in [101, 102, 103] {
-        assert_eq!(partition_of(&pool, id).await, "sweep.finished_tasks_legacy");
-        let t = show(&pool, id).await;
-        assert_eq!((t.state, t.result), (TaskState::Succeeded, Some(json!({"ok": true}))));
-    }
-    // The old table covers everything up to the first UTC midnight after its newest row; day
-    // partitions follow from there, and the default partition catches the rest.
-    let (legacy_upper,): (bool,) = sqlx::query_as(
-        "select upper = date_trunc('day', now(), 'UTC') + interval '1 day'
-         from sweep.sweep_finished_partitions() where part = 'sweep.finished_tasks_legacy'::regclass",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert!(legacy_upper);
-    let names: Vec<String> = partitions(&pool).await.into_iter().map(|p| p.0).collect();
-    assert!(names.contains(&day_partition(&pool, -1).await), "{names:?}");
-    assert!(names.contains(&"sweep.finished_tasks_default".to_owned()), "{names:?}");
-
-    // The queue works on the migrated table: today's completions still land in the old table
-    // (it covers today), tomorrow's in tomorrow's partition.
-    let done = complete_new(&pool, 3).await;
-    for id in &done {
-        assert_eq!(partition_of(&pool, *id).await, "sweep.finished_tasks_legacy");
-        assert_eq!(show(&pool, *id).await.result, Some(json!({"done": id})));
-    }
-    insert_finished(&pool, 104, -1.0).await;
-    assert_eq!(partition_of(&pool, 104).await, day_partition(&pool, -1).await);
-
-    // Retention deletes the old table's expired rows one by one (it cannot be dropped before
-    // its newest row expires) and keeps the rest.
-    let r = queue::retain_finished(&pool, 5 * DAY, 100).await.unwrap();
-    assert_eq!((r.dropped, r.deleted), (0, 1), "{r:?}");
-    let ids: Vec<TaskId> = sqlx::query_scalar("select id from sweep.finished_tasks order by id")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    let mut expected = vec![102, 103, 104];
-    expected.extend(&done);
-    expected.sort_unstable();
-    assert_eq!(ids, expected);
-}
-
-#[sqlx::test(migrations = false)]
 async fn a_new_database_starts_with_day_partitions_and_a_default(
     _: PgPoolOptions,
     db: PgConnectOptions,
@@ -164,7 +101,7 @@ async fn a_new_database_starts_with_day_partitions_and_a_default(
         expected.push(day_partition(&pool, ago).await);
     }
     expected.push("sweep.finished_tasks_default".to_owned());
-    assert_eq!(names, expected, "no legacy partition when there was no history");
+    assert_eq!(names, expected);
 }
 
 #[sqlx::test(migrations = false)]

@@ -46,6 +46,7 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
             applied.iter().map(i64::to_string).collect::<Vec<_>>().join(", ")
         ),
     }
+    println!("installed the SQL functions (sha256 {})", &done.functions_sha256[..12]);
     Ok(())
 }
 

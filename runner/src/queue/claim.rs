@@ -30,7 +30,7 @@ pub enum ClaimMode {
 /// Claims up to `limit` due tasks for `runner` in one round trip (`FOR UPDATE SKIP LOCKED`, so
 /// concurrent claimers never wait on each other or take the same task), shared fairly among
 /// tenants (by weight) and their task types, counting what every runner holds: see
-/// `sweep_claim` in migrations/0009_fair_share.sql for the policy and its cost. `task_types`
+/// runner/sql/claim.sql for the policy and its cost. `task_types`
 /// empty means any type. Each claimed task is `running` at attempt `attempts + 1`, leased for
 /// `lease`. Tenant running caps and task type running limits hold across all runners (run this
 /// in READ COMMITTED, the default, for them to see other claims).
@@ -58,8 +58,8 @@ pub async fn claim<'c, E: PgExecutor<'c>>(
 
 /// [`claim`] for a claimer that claims again and again: a fair claim from a single due queue
 /// starts its index scan where `cursor` says this claimer's last one ended, instead of walking
-/// past every task claimed since the last vacuum (see migrations/0021_claim_cursor.sql; no
-/// due task is skipped, whatever the cursor says). The cursor is moved on to the last task
+/// past every task claimed since the last vacuum (see `sweep_claim_from` in runner/sql/claim.sql;
+/// no due task is skipped, whatever the cursor says). The cursor is moved on to the last task
 /// claimed; a spare-slot claim ([`ClaimMode::Starved`]) neither uses nor moves it.
 pub async fn claim_from<'c, E: PgExecutor<'c>>(
     executor: E,

@@ -5,7 +5,7 @@
 //! - a pause is state in Postgres (`queues.paused_at`/`paused_by` for a task type,
 //!   `tenants.paused_at`/`paused_by` for a tenant, copied onto its queues as `tenant_paused`),
 //!   so every runner, and a runner started later, sees it at its next claim;
-//! - the claim skips paused queues (`sweep_claim`, migrations/0015_flow_control.sql); running
+//! - the claim skips paused queues (`sweep_claim_window` in runner/sql/claim.sql); running
 //!   tasks finish; enqueues are accepted and wait;
 //! - pausing what is already paused keeps the first pause's time and author (resuming what is
 //!   not paused changes nothing): both are idempotent;
@@ -13,7 +13,7 @@
 //!   [`FlowError::NoModule`], nothing written);
 //! - a rate limit is `rate_per_sec` in (0, [`MAX_RATE`]] and `burst` in 1..=[`MAX_BURST`]
 //!   ([`RateLimit::validate`], and a table constraint); the claim enforces it across runners
-//!   (a token bucket on the queue row, see `sweep_queue_tokens` in 0015_flow_control.sql).
+//!   (a token bucket on the queue row, see runner/sql/flow_tokens.sql).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -254,7 +254,8 @@ const SET_QUEUE_PAUSE: &str = concat!(
     "#
 );
 
-// The tenant row first (its lock is what a new queue row's copy waits on, see 0015), then the
+// The tenant row first (its lock is what a new queue row's copy waits on, see
+// `sweep_wake_queues_locking` in runner/sql/wake_queues.sql), then the
 // copy on every queue of the tenant.
 const SET_TENANT_PAUSE: &str = concat!(
     r#"

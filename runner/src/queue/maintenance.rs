@@ -138,8 +138,8 @@ pub struct Retention {
     pub created: i32,
     /// Partitions dropped whole, every row in them older than the TTL.
     pub dropped: i32,
-    /// Rows deleted one by one: those older than the TTL in the default partition and in the
-    /// partition of history from before partitioning (`migrations/0019_finished_partitions.sql`).
+    /// Rows deleted one by one: those older than the TTL in the default partition (see
+    /// runner/sql/retention.sql).
     pub deleted: i64,
 }
 
@@ -191,7 +191,7 @@ pub async fn prune_runners<'c, E: PgExecutor<'c>>(
 /// the claims, which correct them when they come up short. Returns how many were corrected.
 pub async fn repair_queue_hints<'c, E: PgExecutor<'c>>(executor: E) -> Result<u64, QueueError> {
     // Found without locks, then corrected under FOR UPDATE SKIP LOCKED with a fresh look taken
-    // after the lock, the same protocol as the claim's (see 0009_fair_share.sql).
+    // after the lock, the same protocol as the claim's (see runner/sql/wake_queues.sql).
     let done = sqlx::query(REPAIR_HINTS).execute(executor).await?;
     Ok(done.rows_affected())
 }

@@ -1,7 +1,7 @@
 //! The queue: every SQL statement Sweep runs lives under this module.
 //!
-//! Tasks move through the state machine documented in `migrations/0001_queue.sql` and
-//! `migrations/0008_finished_tasks.sql`. Callers never
+//! Tasks move through the state machine drawn in docs/architecture.md ("The state machine").
+//! Callers never
 //! assemble a transition themselves: they call one of the named functions here
 //! (`claim_batch`, `complete_batch`, `fail_batch`, `cancel`, `requeue`, ...), each one
 //! statement, each taking an executor so it can run inside the caller's transaction, or `&store`
@@ -13,7 +13,7 @@
 //!   as lost, never overwritten;
 //! - `tasks` holds only live work: a task that finishes moves to `finished_tasks`, one that
 //!   dies to `dead_tasks`, in the statement that ends it. `finished_tasks` is partitioned by
-//!   UTC day of `finished_at` (`migrations/0019_finished_partitions.sql`): statements write and
+//!   UTC day of `finished_at` (runner/sql/retention.sql): statements write and
 //!   read it through the parent only, never naming a partition;
 //! - every table and function is named with its schema (`sweep.`, see [`Store`]), every
 //!   state and failure kind comes from the vocabulary ([`TaskState`], [`FailureKind`]), and every statement is a named
@@ -93,7 +93,7 @@ macro_rules! notify_done {
 
 /// A CTE, `woken_queues`, that makes every queue of the rows in CTE `$rows` (which returns
 /// `tenant, task_type, run_at`) findable by claims: see `sweep_wake_queues` in
-/// migrations/0009_fair_share.sql. Every statement that makes tasks wait includes it and
+/// runner/sql/wake_queues.sql. Every statement that makes tasks wait includes it and
 /// references it from its final select (a plain CTE that is not referenced does not run).
 macro_rules! wake_queues_cte {
     ($rows:literal) => {
@@ -122,6 +122,7 @@ mod dead;
 mod enqueue;
 mod error;
 mod flow;
+mod functions;
 mod maintenance;
 mod minutes;
 mod modules;
@@ -160,6 +161,7 @@ pub use flow::{
     paused_by_tenant, resume_queue, resume_tenant, set_rate_limit, FlowError, QueueControl,
     RateLimit, TenantPause, MAX_BURST, MAX_RATE,
 };
+pub use functions::{installed as installed_functions, sha256 as functions_sha256, Installed};
 pub use maintenance::{
     prune_runners, reap_expired, repair_queue_hints, retain_finished, vacuum_live, RescuedTask,
     Retention, PARTITIONS_AHEAD_DAYS,
@@ -215,6 +217,7 @@ pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)>
         dead::STATEMENTS,
         enqueue::STATEMENTS,
         flow::STATEMENTS,
+        functions::STATEMENTS,
         maintenance::STATEMENTS,
         minutes::STATEMENTS,
         modules::STATEMENTS,

@@ -207,7 +207,7 @@ const INSERT_VERSION: &str = r#"
             do update set version = excluded.version, activated_at = now()
     ),
     -- The claim reads the active version's running limit from the queue row; a new row
-    -- copies its tenant's pause under the tenant's lock (see 0015_flow_control.sql).
+    -- copies its tenant's pause under the tenant's lock (see runner/sql/wake_queues.sql).
     queued as (
         insert into sweep.queues (tenant, task_type, weight, max_running, tenant_paused)
         select $1, $2, coalesce((select weight from sweep.tenants where name = $1), 1), $11,

@@ -7,7 +7,7 @@ use std::{collections::HashSet, path::Path};
 
 use sqlx::{migrate::MigrateDatabase, Executor, Postgres};
 
-use super::{statements, store, Role, Store};
+use super::{statements, Role, Store};
 
 fn server_url() -> String {
     std::env::var("DATABASE_URL")
@@ -42,10 +42,7 @@ async fn every_statement_prepares_against_the_migrated_schema() {
 
 #[test]
 fn statements_are_listed_consts() {
-    let listed: HashSet<&str> = statements()
-        .chain(store::LEGACY_STATEMENTS.iter().copied())
-        .map(|(name, _)| name)
-        .collect();
+    let listed: HashSet<&str> = statements().map(|(name, _)| name).collect();
     let mut offenders = Vec::new();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     for file in rust_files(&src) {

@@ -4,7 +4,7 @@
 //! the dashboard, the CLI's operator commands) each open their own [`Store`], so neither can
 //! take the other's connections and `pg_stat_activity` says who is who. No role sets
 //! connection-wide planner settings: the hot-path functions carry their own (`SET` clauses
-//! in migrations/0010_sweep_schema.sql), so they cannot leak into a stats read. The third role
+//! in runner/sql/), so they cannot leak into a stats read. The third role
 //! is the user's own connection or transaction: every queue function takes an executor, so an
 //! application enqueues (or completes a task) inside its transaction, with no store at all.
 //!
@@ -18,12 +18,12 @@
 use std::{sync::Arc, time::Duration};
 
 use sqlx::{
-    migrate::MigrateDatabase,
+    migrate::{Migrate, MigrateDatabase, Migrator},
     postgres::{PgConnectOptions, PgPoolOptions},
     Connection, Executor, PgConnection, PgExecutor, PgPool, Postgres,
 };
 
-use super::MIGRATOR;
+use super::{functions, MIGRATOR};
 
 /// The schema holding every Sweep object.
 pub const SCHEMA: &str = "sweep";
@@ -100,6 +100,12 @@ pub enum StoreError {
     #[error("the database has no Sweep schema yet: run `sweep migrate` first")]
     SchemaMissing,
     #[error(
+        "the database holds a Sweep schema from before v0.1.0, which this sweep does not \
+         upgrade: migrate a new database and move the waiting tasks over (CHANGELOG.md, \
+         v0.1.0, \"Upgrading\")"
+    )]
+    PreRelease,
+    #[error(
         "the Sweep schema is at migration {applied}, this binary needs {wanted}: \
          run `sweep migrate` first"
     )]
@@ -111,6 +117,30 @@ pub enum StoreError {
     SchemaAhead { applied: i64, known: i64 },
     #[error("migration {version} failed half-way earlier: run `sweep migrate` again")]
     SchemaDirty { version: i64 },
+    #[error("the database has no Sweep functions yet: run `sweep migrate` first")]
+    FunctionsMissing,
+    #[error(
+        "the database's Sweep functions (sha256 {installed_sha256}…, installed by sweep \
+         {installed}) are not this binary's ({ours_sha256}…, sweep {ours}): run `sweep migrate` \
+         with this binary first"
+    )]
+    FunctionsDiffer {
+        installed: String,
+        installed_sha256: String,
+        ours: String,
+        ours_sha256: String,
+    },
+    #[error(
+        "the database's Sweep functions were installed by sweep {installed}, newer than this \
+         binary ({ours}): run a newer sweep"
+    )]
+    FunctionsAhead { installed: String, ours: String },
+    #[error("installing the Sweep functions of runner/sql/{file}: {source}")]
+    Function {
+        file: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
     #[error(
         "the migration connection has search_path {search_path:?}, not the sweep it asked for: \
          something between Sweep and Postgres (a pooler?) dropped its startup options; \
@@ -229,10 +259,13 @@ pub struct Migrated {
     pub database_created: bool,
     /// The versions applied by this call, in order.
     pub applied: Vec<i64>,
+    /// SHA-256 of the SQL functions now installed (this binary's, `runner/sql/`).
+    pub functions_sha256: &'static str,
 }
 
-/// Creates the database if it does not exist and brings its Sweep schema up to date. Safe to
-/// run from several hosts at once (every step holds an advisory lock).
+/// Creates the database if it does not exist, brings its Sweep schema up to date and installs
+/// this binary's SQL functions (`queue/functions.rs`). Safe to run from several hosts at once
+/// (every step holds an advisory lock).
 ///
 /// Needs a direct connection, never one through a transaction pooler: sqlx's migrator holds a
 /// session advisory lock across the migrations (through a pooler it would be taken on one
@@ -249,10 +282,11 @@ pub async fn migrate(url: &str) -> Result<Migrated, StoreError> {
         true
     };
     let applied = migrate_with(options).await?;
-    Ok(Migrated { database_created, applied })
+    Ok(Migrated { database_created, applied, functions_sha256: functions::sha256() })
 }
 
-/// Brings the Sweep schema of an existing database up to date; returns the versions applied.
+/// Brings the Sweep schema of an existing database up to date and installs this binary's SQL
+/// functions; returns the versions applied.
 pub async fn migrate_with(options: PgConnectOptions) -> Result<Vec<i64>, StoreError> {
     // Every migration runs with the Sweep schema as the only one to create in or look in, so
     // migrations name tables plainly and can never touch an application's own. Checked before
@@ -265,13 +299,21 @@ pub async fn migrate_with(options: PgConnectOptions) -> Result<Vec<i64>, StoreEr
         return Err(StoreError::NotDirect { search_path });
     }
 
-    let mut bookkeeping = PgConnection::connect_with(&options).await.map_err(connect_error)?;
-    adopt_public_bookkeeping(&mut bookkeeping).await?;
-    bookkeeping.close().await?;
-
+    // One advisory lock (sqlx's, per database) over the migrations and the functions, so two
+    // hosts migrating at once take turns and never install functions over a schema in flux.
+    conn.lock().await.map_err(StoreError::Migrate)?;
+    conn.execute(CREATE_SCHEMA).await?;
+    let (tracked,): (bool,) = sqlx::query_as(BOOKKEEPING_EXISTS).fetch_one(&mut conn).await?;
+    if tracked && is_pre_release(&mut conn).await? {
+        return Err(StoreError::PreRelease);
+    }
     let before = applied_versions(&mut conn).await?;
-    MIGRATOR.run(&mut conn).await.map_err(StoreError::Migrate)?;
+    let migrator =
+        Migrator { migrations: MIGRATOR.migrations.clone(), locking: false, ..Migrator::DEFAULT };
+    migrator.run_direct(&mut conn).await.map_err(StoreError::Migrate)?;
+    functions::install(&mut conn).await?;
     let after = applied_versions(&mut conn).await?;
+    conn.unlock().await.map_err(StoreError::Migrate)?;
     conn.close().await?;
     Ok(after.into_iter().filter(|v| !before.contains(v)).collect())
 }
@@ -290,53 +332,14 @@ fn connect_error(e: sqlx::Error) -> StoreError {
     }
 }
 
-/// Databases migrated before the `sweep` schema existed keep sqlx's bookkeeping in
-/// `public._sqlx_migrations`, which an application using sqlx may share. Sweep's rows move to
-/// `sweep._sqlx_migrations` (recognised by version and checksum); the table goes only if
-/// nothing else is left in it. Migration 0010 then moves the tables themselves.
-async fn adopt_public_bookkeeping(conn: &mut PgConnection) -> Result<(), StoreError> {
-    let mut tx = conn.begin().await?;
-    sqlx::query(MIGRATE_LOCK).execute(&mut *tx).await?;
-    sqlx::query(CREATE_SCHEMA).execute(&mut *tx).await?;
-    let (ours, public): (bool, bool) =
-        sqlx::query_as(BOOKKEEPING_TABLES).fetch_one(&mut *tx).await?;
-    if public && !ours {
-        let (versions, checksums) = known_checksums();
-        sqlx::query(COPY_BOOKKEEPING_TABLE).execute(&mut *tx).await?;
-        sqlx::query(ADOPT_BOOKKEEPING).bind(&versions).bind(&checksums).execute(&mut *tx).await?;
-        if let Some(current) = MIGRATOR.iter().find(|m| m.version == 8) {
-            sqlx::query(CURRENT_CHECKSUM)
-                .bind(8_i64)
-                .bind(current.checksum.as_ref())
-                .execute(&mut *tx)
-                .await?;
-        }
-        let (left,): (i64,) = sqlx::query_as(PUBLIC_BOOKKEEPING_LEFT).fetch_one(&mut *tx).await?;
-        if left == 0 {
-            sqlx::query(DROP_PUBLIC_BOOKKEEPING).execute(&mut *tx).await?;
-        }
-    }
-    tx.commit().await?;
-    Ok(())
+/// Whether the database holds a schema made by a Sweep from before v0.1.0, whose migrations
+/// 0001-0023 the baseline replaced: its migration 1 is another file than this binary's.
+async fn is_pre_release<'c, E: PgExecutor<'c>>(executor: E) -> Result<bool, StoreError> {
+    let applied: Option<Vec<u8>> =
+        sqlx::query_scalar(FIRST_CHECKSUM).fetch_optional(executor).await?;
+    let ours = MIGRATOR.iter().find(|m| m.version == 1).map(|m| m.checksum.as_ref());
+    Ok(applied.is_some_and(|applied| Some(applied.as_slice()) != ours))
 }
-
-/// Every (version, checksum) this binary recognises as its own: the embedded migrations, plus
-/// the first text of 0008, which was edited after it had been applied (the edit only set
-/// `vacuum_truncate = false`, which 0010 sets again).
-fn known_checksums() -> (Vec<i64>, Vec<Vec<u8>>) {
-    let mut known: (Vec<i64>, Vec<Vec<u8>>) =
-        MIGRATOR.iter().map(|m| (m.version, m.checksum.to_vec())).unzip();
-    if let Ok(first) = hex::decode(MIGRATION_8_FIRST_SHA384) {
-        known.0.push(8);
-        known.1.push(first);
-    }
-    known
-}
-
-/// SHA-384 (sqlx's checksum) of migrations/0008_finished_tasks.sql as committed in 9ac5e19.
-const MIGRATION_8_FIRST_SHA384: &str =
-    "12ab7aa9da32ab8bbd536842107cbe82cb47e3f4d5335efdc0858a63c4840e15\
-                                        241e4ab02cb17867e39065ecf619080b";
 
 async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<i64>, StoreError> {
     let (exists,): (bool,) = sqlx::query_as(BOOKKEEPING_EXISTS).fetch_one(&mut *conn).await?;
@@ -346,8 +349,9 @@ async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<i64>, StoreErro
     Ok(sqlx::query_scalar(APPLIED_VERSIONS).fetch_all(&mut *conn).await?)
 }
 
-/// Fails unless every embedded migration, and nothing newer, has been applied successfully.
-/// `executor` is a pool or `&store`.
+/// Fails unless every embedded migration, and nothing newer, has been applied successfully,
+/// and the functions installed are this binary's (`queue/functions.rs`). `executor` is a pool
+/// or `&store`.
 pub async fn check_schema<'c, E>(executor: E) -> Result<(), StoreError>
 where
     E: PgExecutor<'c> + Copy,
@@ -355,6 +359,9 @@ where
     let (exists,): (bool,) = sqlx::query_as(BOOKKEEPING_EXISTS).fetch_one(executor).await?;
     if !exists {
         return Err(StoreError::SchemaMissing);
+    }
+    if is_pre_release(executor).await? {
+        return Err(StoreError::PreRelease);
     }
     let rows: Vec<(i64, bool)> = sqlx::query_as(APPLIED).fetch_all(executor).await?;
     let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
@@ -368,52 +375,23 @@ where
     if MIGRATOR.iter().any(|m| !rows.iter().any(|&(v, _)| v == m.version)) {
         return Err(StoreError::SchemaBehind { applied, wanted: known });
     }
-    Ok(())
+    functions::check(executor).await
 }
 
-/// The same key for every Sweep host: the bookkeeping move happens once.
-const MIGRATE_LOCK: &str = "select pg_advisory_xact_lock(1937204594)";
 const SEARCH_PATH: &str = "select current_setting('search_path')";
 const CREATE_SCHEMA: &str = "create schema if not exists sweep";
-const BOOKKEEPING_TABLES: &str = "select to_regclass('sweep._sqlx_migrations') is not null, \
-                                  to_regclass('public._sqlx_migrations') is not null";
 const BOOKKEEPING_EXISTS: &str = "select to_regclass('sweep._sqlx_migrations') is not null";
+/// Only where `BOOKKEEPING_EXISTS` said the table is there.
+const FIRST_CHECKSUM: &str = "select checksum from sweep._sqlx_migrations where version = 1";
 const APPLIED_VERSIONS: &str = "select version from sweep._sqlx_migrations order by version";
 const APPLIED: &str = "select version, success from sweep._sqlx_migrations order by version";
-const COPY_BOOKKEEPING_TABLE: &str =
-    "create table sweep._sqlx_migrations (like public._sqlx_migrations including all)";
-/// Moves the rows whose version and checksum are Sweep's.
-const ADOPT_BOOKKEEPING: &str = r#"
-    with ours as (
-        delete from public._sqlx_migrations m
-        using unnest($1::int8[], $2::bytea[]) as k(version, checksum)
-        where m.version = k.version and m.checksum = k.checksum
-        returning m.*
-    )
-    insert into sweep._sqlx_migrations select * from ours
-"#;
-const CURRENT_CHECKSUM: &str = "update sweep._sqlx_migrations set checksum = $2 where version = $1";
-const PUBLIC_BOOKKEEPING_LEFT: &str = "select count(*) from public._sqlx_migrations";
-const DROP_PUBLIC_BOOKKEEPING: &str = "drop table public._sqlx_migrations";
 
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] = statements![
-    MIGRATE_LOCK,
     SEARCH_PATH,
     CREATE_SCHEMA,
-    BOOKKEEPING_TABLES,
     BOOKKEEPING_EXISTS,
+    FIRST_CHECKSUM,
     APPLIED_VERSIONS,
     APPLIED,
-];
-
-/// Statements that name `public._sqlx_migrations`, which a migrated database no longer has:
-/// prepared by the statement check on a database migrated the old way.
-#[cfg(test)]
-pub(super) const LEGACY_STATEMENTS: &[(&str, &str)] = statements![
-    COPY_BOOKKEEPING_TABLE,
-    ADOPT_BOOKKEEPING,
-    CURRENT_CHECKSUM,
-    PUBLIC_BOOKKEEPING_LEFT,
-    DROP_PUBLIC_BOOKKEEPING,
 ];

@@ -1,4 +1,4 @@
-//! Extra tenant tokens (`tenant_tokens`, migration 0011): read-only tokens that see what the
+//! Extra tenant tokens (`tenant_tokens`): read-only tokens that see what the
 //! tenant's main token sees and change nothing, and the lookup that resolves any token hash
 //! to its tenant and access.
 //!

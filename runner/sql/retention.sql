@@ -1,27 +1,20 @@
--- (Names its schema: it also runs on databases migrated by hand, see 0010.)
+-- History: `finished_tasks` is partitioned by range of `finished_at`, one partition per UTC
+-- day (`finished_tasks_YYYYMMDD`, [day, day + 1)), plus the default partition
+-- (`finished_tasks_default`): the safety net that catches a row no day partition covers
+-- (maintenance did not run for days), so an insert never fails; the next maintenance moves
+-- those rows into the day partitions it creates for them.
 --
--- Finished tasks partitioned by day, so retention drops whole days instead of deleting rows.
---
--- `finished_tasks` becomes a table partitioned by range of `finished_at`, one partition per UTC
--- day (`finished_tasks_YYYYMMDD`, [day, day + 1)), plus:
---   finished_tasks_default  the default partition: the safety net that catches a row no day
---                           partition covers (maintenance did not run for days), so an
---                           insert never fails; the next maintenance moves those rows into
---                           the day partitions it creates for them;
---   finished_tasks_legacy   on a database that held history before this migration: the old
---                           table itself, attached (not copied) as the partition of everything
---                           up to the first UTC midnight after its newest row or this
---                           migration, whichever is later.
---
--- Who does what (all in sweep_finished_retention, which every runner's retention calls):
+-- Who does what (all in sweep_finished_retention, which every runner's retention calls through
+-- queue::retain_finished; `sweep migrate` makes the first days' partitions):
 --   creates   the day partitions from today to a few days ahead, so the partition a
 --             completion needs exists days before it is needed, and those of the days of
 --             unexpired rows waiting in the default partition;
 --   drops     every partition whose upper bound is older than the retention TTL, whole;
---   deletes   rows older than the TTL only in the default and the legacy partition, in
---             bounded batches, as retention did before. A day partition is never deleted
---             from row by row: it is dropped once wholly older than the TTL, so a finished
---             task is kept at least the TTL and at most the TTL plus one day.
+--   deletes   rows older than the TTL only in the default partition (and a partition without
+--             a lower bound, which a database partitioned by hand may hold), in bounded
+--             batches. A day partition is never deleted from row by row: it is dropped once
+--             wholly older than the TTL, so a finished task is kept at least the TTL and at
+--             most the TTL plus one day.
 --
 -- Locks: a partition is created as a plain table and then ATTACHed, which takes SHARE UPDATE
 -- EXCLUSIVE on the parent (completions and reads go on) and ACCESS EXCLUSIVE on the default
@@ -36,63 +29,9 @@
 -- partition's primary key, (id, finished_at), about a dozen index probes at the default
 -- retention. Ids stay unique by construction (a task row moves here once, from `tasks`).
 
-alter table sweep.finished_tasks rename to finished_tasks_legacy;
-alter table sweep.finished_tasks_legacy drop constraint finished_tasks_pkey;
-
-create table sweep.finished_tasks (
-    like sweep.finished_tasks_legacy including defaults including constraints including storage
-                                     including comments,
-    constraint finished_tasks_pkey primary key (id, finished_at)
-) partition by range (finished_at);
-
--- Every other index of the old table (0008's finished_at index and any a later migration
--- added) is recreated on the parent under its name; the old table's copy is attached to it
--- below instead of being built again.
-do $$
-declare
-    ix record;
-begin
-    for ix in
-        select c.relname as name, pg_get_indexdef(i.indexrelid) as def
-        from pg_index i
-        join pg_class c on c.oid = i.indexrelid
-        where i.indrelid = 'sweep.finished_tasks_legacy'::regclass and not i.indisprimary
-    loop
-        execute format('alter index sweep.%I rename to %I', ix.name, left(ix.name, 50) || '_legacy');
-        execute format('create %s index %I on sweep.finished_tasks %s',
-                       case when ix.def like 'CREATE UNIQUE %' then 'unique' else '' end,
-                       ix.name, substring(ix.def from ' USING .*$'));
-    end loop;
-end $$;
-
-create table sweep.finished_tasks_default partition of sweep.finished_tasks default;
-
--- The old rows stay where they are: the old table becomes a partition. Its CHECK constraint
--- is validated with one scan and spares ATTACH its own; the new primary key is built once.
-do $$
-declare
-    upper_bound timestamptz;
-begin
-    if not exists (select 1 from sweep.finished_tasks_legacy) then
-        drop table sweep.finished_tasks_legacy;
-        return;
-    end if;
-    select date_trunc('day', greatest(max(finished_at), now()), 'UTC') + interval '1 day'
-    into upper_bound
-    from sweep.finished_tasks_legacy;
-    alter table sweep.finished_tasks_legacy
-        add constraint finished_tasks_legacy_pkey primary key (id, finished_at);
-    execute format('alter table sweep.finished_tasks_legacy
-                        add constraint finished_tasks_legacy_bound check (finished_at < %L)',
-                   upper_bound);
-    execute format('alter table sweep.finished_tasks attach partition sweep.finished_tasks_legacy
-                        for values from (minvalue) to (%L)', upper_bound);
-    -- The partition constraint says the same from now on.
-    alter table sweep.finished_tasks_legacy drop constraint finished_tasks_legacy_bound;
-end $$;
 
 -- Every partition: its bounds, read back from the catalog (null lower: from minus infinity).
-create function sweep.sweep_finished_partitions()
+create or replace function sweep.sweep_finished_partitions()
 returns table (part regclass, is_default boolean, lower timestamptz, upper timestamptz)
 language sql stable
 set search_path = sweep
@@ -114,7 +53,8 @@ $$;
 -- yet, moving that day's rows out of the default partition into it. Returns how many it
 -- created. A day that another session is creating at the same moment, or whose locks are not
 -- granted within the lock_timeout, is left for the next call.
-create function sweep.sweep_finished_add_partitions(p_from timestamptz, p_to timestamptz)
+create or replace function sweep.sweep_finished_add_partitions(p_from timestamptz,
+                                                               p_to timestamptz)
 returns integer
 language plpgsql volatile
 set search_path = sweep
@@ -165,12 +105,12 @@ begin
 end
 $$;
 
--- Retention, run by every runner's maintenance (see the top of this file): creates the day
--- partitions up to p_ahead_days ahead, drops the partitions wholly older than p_keep_ms, and
--- deletes at most p_batch rows older than that from the default and legacy partitions.
--- Returns what it did; when another runner is at it, does nothing.
-create function sweep.sweep_finished_retention(p_keep_ms bigint, p_ahead_days integer,
-                                               p_batch integer)
+-- Retention (see the top of this file): creates the day partitions up to p_ahead_days ahead,
+-- drops the partitions wholly older than p_keep_ms, and deletes at most p_batch rows older
+-- than that from the default partition. Returns what it did; when another runner is at it,
+-- does nothing.
+create or replace function sweep.sweep_finished_retention(p_keep_ms bigint, p_ahead_days integer,
+                                                          p_batch integer)
 returns table (created integer, dropped integer, deleted bigint)
 language plpgsql volatile
 set search_path = sweep
@@ -243,6 +183,3 @@ begin
     return next;
 end
 $$;
-
--- Today's partition and the next few days' from the start.
-select sweep.sweep_finished_add_partitions(now(), now() + interval '3 days');
