@@ -161,7 +161,7 @@ pub struct ScheduleNamePath {
 #[into_params(parameter_in = Query)]
 pub struct WaitParam {
     /// Answer once the task has ended (succeeded, cancelled or dead), or after this long,
-    /// whichever is first: `30s`, `500ms`, `2m` or seconds, at most 60 s. The answer is the
+    /// whichever is first: `30s`, `500ms`, `2m` or seconds (longer asks wait 60 s). The answer is the
     /// task as it then is; a live state means the wait ran out. Woken by Postgres (LISTEN),
     /// not by polling.
     #[param(nullable = false, pattern = "^[0-9]+(\\.[0-9]+)?(ms|s|m)?$")]
@@ -208,19 +208,24 @@ pub struct TaskListParams {
     /// Only task types starting with this (`mail.` finds `mail.send` and `mail.bounce`).
     #[param(nullable = false, pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
     pub type_prefix: Option<String>,
-    /// Only tasks whose payload contains this: a JSON object (`{"to": "a@example.com"}`), or
-    /// `path=value` with a dotted path (`user.id=42`; the value is JSON when it parses as
-    /// JSON, else a string).
-    #[param(nullable = false, min_length = 1, max_length = 4096)]
+    /// Only tasks whose payload contains this: `path=value` with a dotted path (`user.id=42`,
+    /// `to=a@example.com`; the value is JSON when it parses as JSON, else a string), or a JSON
+    /// object (`{"to": "a@example.com"}`), which the payload must contain.
+    #[param(
+        nullable = false,
+        min_length = 1,
+        max_length = 4096,
+        pattern = "^[^=\\u0000]*=[^\\u0000]*$"
+    )]
     pub payload: Option<String>,
     /// Only the task with this id.
     #[param(nullable = false, minimum = 1, maximum = 9223372036854775807_i64)]
     pub id: Option<i64>,
-    /// Created at or after (RFC 3339, or `2026-12-01T10:00` read as UTC).
-    #[param(nullable = false)]
+    /// Created at or after (RFC 3339; the dashboard also sends `2026-12-01T10:00`, read as UTC).
+    #[param(nullable = false, value_type = Option<String>, format = DateTime)]
     pub since: Option<String>,
-    /// Created before (RFC 3339, or `2026-12-01T10:00` read as UTC).
-    #[param(nullable = false)]
+    /// Created before (RFC 3339; the dashboard also sends `2026-12-01T10:00`, read as UTC).
+    #[param(nullable = false, value_type = Option<String>, format = DateTime)]
     pub until: Option<String>,
     /// Page cursor: tasks with ids below this (the previous page's `next_before`).
     #[param(nullable = false, minimum = 1, maximum = 9223372036854775807_i64)]

@@ -339,13 +339,16 @@ impl<'a> History<'a> {
 fn cancellation(e: &Value) -> Markup {
     let text = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
     let stop = e.get("stop_ms").and_then(Value::as_f64);
+    let requested = chrono::DateTime::parse_from_rfc3339(&text("requested_at"))
+        .ok()
+        .map(|t| t.with_timezone(&chrono::Utc));
     html! {
         div.cancelled #cancellation {
             h2 { "Cancelled" }
             p {
                 "Attempt " (e.get("attempt").and_then(Value::as_i64).unwrap_or(0))
                 " was cancelled while running"
-                @if !text("requested_at").is_empty() { " (requested " (text("requested_at")) ")" }
+                @if let Some(at) = requested { " (requested " (time(at)) ")" }
                 @if let Some(ms) = stop { "; its runner stopped it in " (format!("{ms:.1}")) " ms" }
                 "."
             }
