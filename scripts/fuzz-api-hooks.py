@@ -17,7 +17,7 @@ _WAIT = __import__("re").compile(r"^[0-9]+(\.[0-9]+)?(ms|s|m)?$")
 
 
 @schemathesis.hook
-def before_call(ctx, case, *args, **kwargs):
+def before_call(ctx, case, kwargs):
     query = getattr(case, "query", None)
     if isinstance(query, dict) and isinstance(query.get("wait"), str) and _WAIT.match(query["wait"]):
         query["wait"] = "0"

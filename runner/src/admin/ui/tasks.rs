@@ -25,6 +25,15 @@ pub async fn list(state: AdminState, s: Session, q: Pairs) -> Page {
     q.finish()?;
     let rows = queue::list_tasks(state.store(), &filter).await?;
     let counts = queue::count_tasks(state.store(), &filter).await?;
+    // A paused queue of the type in view says so here too, where its counts are.
+    let paused: Vec<queue::QueueRow> = match &filter.task_type {
+        Some(t) => queue::list_queues(state.store(), tenant.as_deref())
+            .await?
+            .into_iter()
+            .filter(|q| q.paused && &q.task_type == t)
+            .collect(),
+        None => Vec::new(),
+    };
     let full = rows.len() == usize::try_from(filter.limit).unwrap_or(0);
     // The view's parameters, as given: tabs, pages and bulk actions keep them.
     let mut keep: Vec<(&str, String)> = Vec::new();
@@ -45,6 +54,13 @@ pub async fn list(state: AdminState, s: Session, q: Pairs) -> Page {
     let body = html! {
         h1 { "Tasks" }
         (notice(notice_text))
+        @for q in &paused {
+            p.paused-banner #paused-banner {
+                "Queue " (q.tenant) "/" (q.task_type) " is " (super::queues::pause_badge(q))
+                ": its tasks wait until it is resumed ("
+                a href="/ui/queues" { "Queues" } ")."
+            }
+        }
         form.filters #search method="get" action="/ui/tasks" {
             @if s.is_operator() {
                 label { "tenant" input name="tenant" value=[tenant.as_deref()] size="12"; }
