@@ -484,6 +484,13 @@ async fn the_console_actions_in_a_real_browser(_: PgPoolOptions, db: PgConnectOp
     // They run again and die again (max_attempts 1).
     wait_db(&pool, "select count(*) from sweep.dead_tasks where jsonb_array_length(errors) = 2", 2)
         .await;
+    // After a requeue the counter and the history read together: the second round's attempt
+    // is "1 of 1", marked as counted again, with both attempts listed.
+    let again: i64 = scalar(&pool, "select min(id) from sweep.dead_tasks").await;
+    c.goto(&format!("{base}/ui/tasks/{again}")).await.unwrap();
+    wait_text(&c, "#attempts", "requeued 1×; 2 attempts in all").await;
+    wait_text(&c, "#history", "requeued: attempts counted from 1 again").await;
+    shot(&c, "task-requeued").await;
 
     // Bulk delete of everything the filter matches: the succeeded quick tasks.
     c.goto(&format!("{base}/ui/tasks?type_prefix=quick&state=succeeded")).await.unwrap();
@@ -509,6 +516,9 @@ async fn the_console_actions_in_a_real_browser(_: PgPoolOptions, db: PgConnectOp
     wait_text(&c, "#notice", "Paused acme/quick").await;
     wait_text(&c, "#queue-acme-quick", "paused by the operator").await;
     let held = api(&http, enqueue("quick", json!({})), 201).await["id"].as_i64().unwrap();
+    c.goto(&format!("{base}/ui/tasks?task_type=quick")).await.unwrap();
+    wait_text(&c, "#paused-banner", "paused by the operator").await;
+    wait_text(&c, &format!("#task-{held}"), "pending").await;
     c.goto(&format!("{base}/ui")).await.unwrap();
     wait_text(&c, "#overview-acme-quick", "paused by the operator").await;
     shot(&c, "overview-paused").await;

@@ -399,7 +399,12 @@ fn attempt_row(e: &Value) -> Markup {
     html! {
         tr.attempt {
             td.num { (number("attempt").unwrap_or(0)) }
-            td { (text("at")) }
+            td {
+                @match chrono::DateTime::parse_from_rfc3339(&text("at")) {
+                    Ok(at) => (time(at.with_timezone(&chrono::Utc))),
+                    Err(_) => (text("at")),
+                }
+            }
             td.kind { code { (text("kind")) } }
             td.clip { (text("message")) }
             td.num { @if let Some(ms) = number("duration_ms") { (ms) " ms" } }
