@@ -660,10 +660,28 @@ async fn the_console_actions_in_a_real_browser(_: PgPoolOptions, db: PgConnectOp
     assert_eq!(page_status(cookie).await, 303, "a rotated token ends its sessions");
     let cookie = login_as(rotated["token"].as_str().unwrap().to_owned()).await;
     assert_eq!(page_status(cookie.clone()).await, 200);
-    assert_eq!(
-        scalar(&pool, "select count(*) from sweep.ui_sessions where expires_at > now()").await >= 1,
-        true
-    );
+    // Logging out deletes the session on the server: the same cookie no longer works.
+    let page = http.get(format!("{base}/ui")).header("cookie", &cookie).send().await.unwrap();
+    let html = page.text().await.unwrap();
+    let csrf = html
+        .split("X-CSRF-Token&quot;: &quot;")
+        .nth(1)
+        .or_else(|| html.split("X-CSRF-Token\": \"").nth(1))
+        .and_then(|rest| rest.split("&quot;").next().and_then(|t| t.split('"').next()))
+        .unwrap_or_else(|| panic!("no CSRF token in the page"))
+        .to_owned();
+    let sessions = "select count(*) from sweep.ui_sessions";
+    let before = scalar(&pool, sessions).await;
+    let out = http
+        .post(format!("{base}/ui/logout"))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 303);
+    assert_eq!(scalar(&pool, sessions).await, before - 1, "logging out deletes the session");
+    assert_eq!(page_status(cookie).await, 303, "a logged-out session is gone");
     c.close().await.unwrap();
     let _ = stop_api.send(());
     api_task.await.unwrap();

@@ -245,6 +245,7 @@ pub(super) const STATEMENTS: &[(&str, &str)] =
     statements![ADD_MINUTES, PRUNE_MINUTES, MINUTE_SERIES, MINUTE_TYPES];
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

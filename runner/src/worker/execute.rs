@@ -22,6 +22,7 @@ use crate::{
     sandbox::{Execution, LimitOverrides, Limits, ModuleCache, Outcome, Sandbox, TaskInput},
 };
 
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn execute(
     store: &Store,
     control: &tokio::runtime::Handle,

@@ -298,7 +298,7 @@ pub async fn max_running(
     let bytes = queue::module_bytes(state.store(), &active.sha256).await?.ok_or_else(|| {
         ApiError::not_found(format!("the module of {task_type:?} vanished from the registry"))
     })?;
-    let settings = queue::ModuleSettings { max_running: limit, ..active.settings.clone() };
+    let settings = queue::ModuleSettings { max_running: limit, ..active.settings };
     let registered = queue::register_module(
         state.store(),
         &tenant,

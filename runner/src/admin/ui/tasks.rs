@@ -82,9 +82,7 @@ pub async fn list(state: AdminState, s: Session, q: Pairs) -> Page {
                 "all " span.count { (count_text(total, total >= COUNT_CAP)) }
             }
             @for st in TaskState::ALL {
-                @let mut pairs = without_state.clone();
-                @let _ = pairs.push(("state", st.as_str().to_owned()));
-                a href={"/ui/tasks?" (encode(&pairs))} id=(format!("tab-{st}"))
+                a href=(tab_url(&without_state, st)) id=(format!("tab-{st}"))
                     class=[(filter.state == Some(st)).then_some("here")] {
                     (st.as_str()) " " span.count { (count_text(counts.of(st), counts.of(st) >= COUNT_CAP)) }
                 }
@@ -129,6 +127,13 @@ pub async fn list(state: AdminState, s: Session, q: Pairs) -> Page {
         }
     };
     Ok(html_response(StatusCode::OK, page(&s, "/ui/tasks", "Tasks", body)))
+}
+
+/// The list of `pairs` (a view without its state) in state `st`.
+fn tab_url(pairs: &[(&str, String)], st: TaskState) -> String {
+    let mut pairs = pairs.to_vec();
+    pairs.push(("state", st.as_str().to_owned()));
+    format!("/ui/tasks?{}", encode(&pairs))
 }
 
 fn count_text(n: i64, capped: bool) -> String {
