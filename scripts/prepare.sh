@@ -14,6 +14,8 @@
 #   pgbouncer     PgBouncer, which runner/tests/pgbouncer.rs starts (apt)
 #   browser       Chromium and chromedriver for runner/tests/ui_browser.rs (apt)
 #   schemathesis  the API fuzzer scripts/fuzz-api.sh runs (PyPI)
+#   python_client openapi-python-client, which runner/tests/admin_python_client.rs generates a
+#                 client with from the served document (PyPI)
 #   postgres      a server answering at DATABASE_URL (started through pg_ctlcluster if it is
 #                 the local Debian one and down; installed when there is none)
 #   test_database the database DATABASE_URL names
@@ -26,7 +28,8 @@
 # env: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test), SWEEP_PREPARE=0 skips
 #      everything (a machine prepared some other way).
 
-STEPS=(wasm_targets c_guests zig_guests pgbouncer browser schemathesis postgres test_database)
+STEPS=(wasm_targets c_guests zig_guests pgbouncer browser schemathesis python_client postgres
+       test_database)
 
 prepare_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 prepare_url() { echo "${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"; }
@@ -115,6 +118,9 @@ step_browser() {
 }
 
 step_schemathesis() { pip_install schemathesis 4.32.5; }
+
+# Pinned: what the generator skips or warns about changes between releases.
+step_python_client() { pip_install openapi-python-client 0.29.1; }
 
 step_postgres() {
   local url

@@ -82,7 +82,8 @@
 //! `wasm32-wasip1` the first variable read builds the whole environment, a few microseconds
 //! of a no-op task's run.
 //!
-//! Build it for Sweep with `cargo build --target wasm32-wasip1 --profile wasm`,
+//! Build it for Sweep with `cargo build --target wasm32-wasip1 --profile wasm` (the `wasm`
+//! profile is defined in your crate's `Cargo.toml`: see docs/guests.md, "Rust"),
 //! or try it natively: `echo '{"name":"Ada"}' | cargo run -p <crate>; echo $?`.
 
 mod context;

@@ -34,6 +34,8 @@ pub const DEFAULT_HINT_REPAIR_INTERVAL: Duration = Duration::from_secs(5);
 /// The longest a runner's cron scheduler sleeps between passes (it wakes at the next due tick
 /// sooner; see `worker/scheduler.rs`).
 pub const DEFAULT_SCHEDULER_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a runner adds what it ran to the charts' per-minute counters.
+pub const DEFAULT_MINUTES_INTERVAL: Duration = Duration::from_secs(5);
 /// Runner rows silent for this long are pruned from `runners`.
 pub const DEFAULT_RUNNER_EXPIRY: Duration = Duration::from_secs(3600);
 /// Most reports written in one completion statement.
@@ -94,6 +96,8 @@ pub struct MaintenanceConfig {
     pub vacuum_interval: Option<Duration>,
     /// Run due cron schedules, looking at least this often; `None`: this runner runs none.
     pub scheduler_interval: Option<Duration>,
+    /// How often the runner adds what it ran to the charts' per-minute counters.
+    pub minutes_interval: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -107,6 +111,7 @@ impl Default for MaintenanceConfig {
             hint_repair_interval: DEFAULT_HINT_REPAIR_INTERVAL,
             vacuum_interval: Some(DEFAULT_VACUUM_INTERVAL),
             scheduler_interval: Some(DEFAULT_SCHEDULER_INTERVAL),
+            minutes_interval: DEFAULT_MINUTES_INTERVAL,
         }
     }
 }

@@ -1,7 +1,15 @@
 //! `sweep`: parse the command line, set up tracing, hand off to the library. The only place
 //! that uses `anyhow`.
+//!
+//! An error ends the process with one line on stderr, `error: ` and the error with its causes
+//! (`{:#}`), and exit status 1: never a backtrace, whatever `RUST_BACKTRACE` says (an error
+//! here is the user's to read, not a bug report). Log lines are coloured only when stderr is a
+//! terminal and `NO_COLOR` is unset.
 
 mod cli;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -9,7 +17,7 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static GLOBAL: sweep::alloc::RoleAllocator = sweep::alloc::RoleAllocator;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let args = cli::Cli::parse();
     // A compiler child: no runtime, no tracing; its limits go on before anything else.
     if let cli::Command::CompileModule(compile) = &args.command {
@@ -18,7 +26,22 @@ fn main() -> anyhow::Result<()> {
             compile.memory_bytes,
         ));
     }
-    tokio::runtime::Runtime::new()?.block_on(run(args))
+    let ran = tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(run(args)));
+    match ran {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` is the chain on one line; `{:?}` would add anyhow's backtrace.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Colour codes only for a person at a terminal (<https://no-color.org>).
+fn colour() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 async fn run(args: cli::Cli) -> anyhow::Result<()> {
@@ -27,6 +50,7 @@ async fn run(args: cli::Cli) -> anyhow::Result<()> {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour())
         .init();
     cli::dispatch(args).await
 }

@@ -40,6 +40,7 @@ mod guests;
 mod intake;
 mod liveness;
 mod maintenance;
+mod minutes;
 mod report;
 mod scheduler;
 
@@ -104,6 +105,8 @@ pub struct Worker {
     guests: Guests,
     modules: ModuleCache,
     config: Arc<WorkerConfig>,
+    /// What ran, per minute, until maintenance adds it to the charts' counters.
+    minutes: Arc<minutes::Tally>,
 }
 
 /// The tasks currently executing, so a shutdown can abort and hand back what is left, and a
@@ -159,7 +162,15 @@ impl Worker {
         let store = store.clone();
         let modules = ModuleCache::with_max_bytes(sandbox.clone(), config.module_cache_bytes);
         let guests = Guests::start_default()?;
-        Ok(Worker { id: Uuid::new_v4(), store, sandbox, guests, modules, config: Arc::new(config) })
+        Ok(Worker {
+            id: Uuid::new_v4(),
+            store,
+            sandbox,
+            guests,
+            modules,
+            config: Arc::new(config),
+            minutes: Arc::default(),
+        })
     }
 
     pub fn id(&self) -> Uuid {
@@ -238,6 +249,7 @@ impl Worker {
             Arc::clone(&self.config),
             Arc::clone(&reach),
             Arc::clone(&reported),
+            Arc::clone(&self.minutes),
             stop_rx.clone(),
         ));
         let in_flight: InFlight = Arc::default();
@@ -305,6 +317,9 @@ impl Worker {
         }
         let _ = stop_tx.send(true);
         let _ = tokio::join!(heartbeat, upkeep, cancels, warm);
+        if let Err(e) = self.minutes.flush(&self.store).await {
+            tracing::warn!(error = %e, "could not add the last minutes' counts for the charts");
+        }
         if let Err(e) = queue::deregister_runner(&self.store, self.id).await {
             // Not fatal: the row stops heartbeating and is pruned.
             tracing::warn!(error = %e, "could not deregister the runner");
@@ -466,6 +481,7 @@ impl Worker {
                         &worker.sandbox,
                         &worker.modules,
                         &worker.config,
+                        &worker.minutes,
                         task,
                         cancelled,
                     )

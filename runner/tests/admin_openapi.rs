@@ -139,7 +139,8 @@ async fn every_route_is_documented_with_its_methods_and_nothing_else(
         .collect();
     assert_eq!(ids.len(), served.len(), "operation ids are unique: {ids:?}");
     let upload = &doc["paths"]["/v1/modules/{task_type}"]["put"];
-    assert!(upload["requestBody"]["content"].get("application/wasm").is_some());
+    // Raw bytes, as generated clients send files (application/wasm is accepted too).
+    assert!(upload["requestBody"]["content"].get("application/octet-stream").is_some());
 }
 
 #[sqlx::test(migrations = false)]
@@ -159,6 +160,11 @@ async fn every_documented_query_parameter_is_accepted(_: PgPoolOptions, db: PgCo
                 Some("boolean") => "true",
                 Some("integer") => "1",
                 _ if name == "tenant" => "default",
+                // Strings with a shape of their own.
+                _ if name == "wait" => "1s",
+                _ if name == "state" => "pending",
+                _ if name == "payload" => "a=1",
+                _ if name == "since" || name == "until" => "2026-01-01T00:00:00Z",
                 _ => "t",
             };
             let url = format!("{}?{name}={value}", fill(&path));
@@ -341,6 +347,17 @@ async fn live_answers_validate_against_the_document(_: PgPoolOptions, db: PgConn
     assert_eq!(s, 415);
     let (s, e) = c.call("put", up, "/v1/modules/x", t, wasm(b"nonsense".to_vec())).await;
     assert_eq!((s, e["error"]["code"].as_str()), (422, Some("not_wasm")));
+    // The task list, with each kind of filter, and a wait that ends at once (the task ended).
+    for query in [
+        "",
+        "?state=succeeded&limit=2",
+        "?type_prefix=word&payload=text%3Dx",
+        "?id=1&since=2020-01-01T00:00:00Z",
+    ] {
+        let (s, page) = c.get("/v1/tasks", &format!("/v1/tasks{query}"), t).await;
+        assert_eq!(s, 200, "{query}: {page}");
+    }
+    assert_eq!(c.get("/v1/tasks", "/v1/tasks?payload=nope", t).await.0, 400);
     let (s, _) = c.get("/v1/modules", "/v1/modules?all=true", t).await;
     assert_eq!(s, 200);
     assert_eq!(c.get("/v1/modules", "/v1/modules?bogus=1", t).await.0, 400);

@@ -327,11 +327,63 @@ async fn unknown_routes_are_404_and_wrong_methods_405(_: PgPoolOptions, db: PgCo
     let allow = |a: &Answer| a.headers.get("allow").map(|v| v.to_str().unwrap().to_owned());
     let a = api.send(api.req("DELETE", "/v1/tasks/1", OP)).await;
     assert_eq!(allow(a.expect(405, "method_not_allowed")).as_deref(), Some("GET"));
-    let a = api.get("/v1/tasks", OP).await;
-    assert_eq!(allow(a.expect(405, "method_not_allowed")).as_deref(), Some("POST"));
+    let a = api.send(api.req("DELETE", "/v1/tasks", OP)).await;
+    assert_eq!(allow(a.expect(405, "method_not_allowed")).as_deref(), Some("GET, POST"));
     let a = api.send(api.req("TRACE", "/v1/modules/count", OP)).await;
     assert_eq!(allow(a.expect(405, "method_not_allowed")).as_deref(), Some("GET, PUT"));
     let a = api.send(api.req("HEAD", "/healthz", None)).await;
     assert_eq!(allow(a.expect(405, "method_not_allowed")).as_deref(), Some("GET"));
     assert_eq!(allow(&api.get("/nope", OP).await), None, "a 404 has no Allow");
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_task_list_filters_and_pages(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let api = with_module(&db).await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let body = json!({"task_type": "count", "payload": {"n": i, "user": {"id": i % 2}}});
+        ids.push(api.post("/v1/tasks", OP, &body).await.ok(201)["id"].as_i64().unwrap());
+    }
+    let listed = |a: &Answer| -> Vec<i64> {
+        let page = a.ok(200);
+        page["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_i64().unwrap()).collect()
+    };
+    // Pages of two, newest first, followed by their cursor to the end.
+    let (mut seen, mut before) = (Vec::new(), None::<i64>);
+    loop {
+        let url = match before {
+            Some(b) => format!("/v1/tasks?limit=2&before={b}"),
+            None => "/v1/tasks?limit=2".to_owned(),
+        };
+        let page = api.get(&url, OP).await;
+        seen.extend(listed(&page));
+        match page.json["next_before"].as_i64() {
+            Some(b) => before = Some(b),
+            None => break,
+        }
+    }
+    let newest_first: Vec<i64> = ids.iter().rev().copied().collect();
+    assert_eq!(seen, newest_first);
+
+    let odd: Vec<i64> = newest_first.iter().copied().filter(|id| (id - ids[0]) % 2 == 1).collect();
+    assert_eq!(listed(&api.get("/v1/tasks?payload=user.id%3D1", OP).await), odd);
+    let object = "/v1/tasks?payload=%7B%22n%22%3A%203%7D";
+    assert_eq!(listed(&api.get(object, OP).await), vec![ids[3]]);
+    assert_eq!(listed(&api.get("/v1/tasks?type_prefix=co", OP).await), newest_first);
+    assert!(listed(&api.get("/v1/tasks?type_prefix=x", OP).await).is_empty());
+    assert_eq!(listed(&api.get(&format!("/v1/tasks?id={}", ids[2]), OP).await), vec![ids[2]]);
+    assert!(listed(&api.get("/v1/tasks?state=dead", OP).await).is_empty());
+    api.get("/v1/tasks?payload=nope", OP).await.expect(400, "invalid_parameter");
+    api.get("/v1/tasks?payload=%7B%7D", OP).await.expect(400, "invalid_parameter");
+    api.get("/v1/tasks?state=gone", OP).await.expect(400, "invalid_parameter");
+
+    // Another tenant sees none of them.
+    let other = api.tenant("other", TenantCaps::default()).await;
+    assert!(listed(&api.get("/v1/tasks", Some(&other)).await).is_empty());
+
+    // A wait that runs out answers the task as it is: still pending (no runner here).
+    let waited = api.get(&format!("/v1/tasks/{}?wait=200ms", ids[0]), OP).await;
+    assert_eq!(waited.ok(200)["state"], "pending");
+    api.get(&format!("/v1/tasks/{}?wait=soon", ids[0]), OP).await.expect(400, "invalid_parameter");
 }

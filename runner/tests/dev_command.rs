@@ -59,6 +59,8 @@ impl Drop for Base {
 struct Dev {
     child: Child,
     _stdout: Lines<BufReader<ChildStdout>>,
+    /// Everything it writes on stderr, collected until it exits.
+    stderr: tokio::task::JoinHandle<String>,
     api: String,
     token: String,
     data_dir: PathBuf,
@@ -79,13 +81,23 @@ async fn start(base: &Path, keep: bool) -> Dev {
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .kill_on_drop(true);
     if keep {
         cmd.arg("--keep");
     }
     let mut child = cmd.spawn().expect("spawn sweep dev");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut errors = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let stderr = tokio::spawn(async move {
+        let mut all = String::new();
+        while let Ok(Some(line)) = errors.next_line().await {
+            eprintln!("sweep dev: {line}");
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
     let (mut api, mut token, mut data_dir) = (None, None, None);
     let deadline = Instant::now() + READY_TIMEOUT;
     while api.is_none() || token.is_none() || data_dir.is_none() {
@@ -122,6 +134,7 @@ async fn start(base: &Path, keep: bool) -> Dev {
     Dev {
         child,
         _stdout: lines,
+        stderr,
         api: api.expect("api"),
         token: token.expect("token"),
         data_dir,
@@ -162,12 +175,20 @@ impl Dev {
     }
 
     /// SIGINT, then the exit status.
-    async fn interrupt(mut self) -> ExitStatus {
+    async fn interrupt(self) -> ExitStatus {
+        self.interrupt_logged().await.0
+    }
+
+    /// SIGINT, then the exit status and what it wrote on stderr.
+    async fn interrupt_logged(mut self) -> (ExitStatus, String) {
         self.signal(Signal::INT);
-        timeout(EXIT_TIMEOUT, self.child.wait())
+        let status = timeout(EXIT_TIMEOUT, self.child.wait())
             .await
             .expect("sweep dev exits after SIGINT")
-            .expect("wait")
+            .expect("wait");
+        let stderr =
+            timeout(EXIT_TIMEOUT, self.stderr).await.expect("stderr closes").expect("reader");
+        (status, stderr)
     }
 
     fn http(&self) -> reqwest::Client {
@@ -236,8 +257,12 @@ async fn dev_serves_the_examples_and_cleans_up_on_sigint() {
     assert_eq!(refused.status(), 401);
 
     let (server, data_dir) = (dev.server_pid, dev.data_dir.clone());
-    let status = dev.interrupt().await;
+    let (status, stderr) = dev.interrupt_logged().await;
     assert!(status.success(), "sweep dev exited with {status}");
+    // RUST_LOG=warn: a clean run and shutdown log nothing (sqlx used to warn as the server
+    // stopped under a pooled connection), and nothing is coloured off a terminal.
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "colour codes off a terminal: {stderr:?}");
     assert!(!alive(server), "the Postgres server (pid {server}) is gone once sweep dev exited");
     assert!(!data_dir.exists(), "{} is removed", data_dir.display());
 }

@@ -7,9 +7,14 @@
 //! tenant sees none of it (another tenant's task is a 404 page); the operator changes a
 //! weight and activates an older module version.
 //!
+//! A second scenario drives the console: state tabs and search, cancelling a running task,
+//! bulk requeue and delete with their confirmations, pausing and resuming a queue and a
+//! tenant, a rate limit and a running limit, the schedules, runners and charts pages, what a
+//! read-only session cannot do, and sessions ending at logout and at a token rotation.
+//!
 //! Needs `chromium` and `chromium-driver` (`.ci/run` installs them). Without chromedriver the
-//! test FAILS, unless `SWEEP_SKIP_BROWSER=1` (never set in CI). `SWEEP_SHOTS_DIR=/some/dir`
-//! saves a PNG of each main page there.
+//! test FAILS, unless `SWEEP_SKIP_BROWSER=1` (never set in CI). Every page is saved as a PNG
+//! at 1280x900 in `target/ui-screenshots/` (`SWEEP_SHOTS_DIR` elsewhere).
 
 #![allow(clippy::unwrap_used)]
 
@@ -77,7 +82,7 @@ async fn browser() -> Option<(Driver, Client)> {
     }
     let mut options = json!({
         "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1360,1000"]
+                 "--window-size=1280,900"]
     });
     if Path::new("/usr/bin/chromium").is_file() {
         options["binary"] = json!("/usr/bin/chromium");
@@ -143,9 +148,15 @@ async fn post_from_page(c: &Client, path: &str, with_csrf: bool) -> u64 {
     status.as_u64().unwrap_or_else(|| panic!("fetch failed: {status}"))
 }
 
+/// A PNG of the page at 1280x900 in `target/ui-screenshots/` (or `$SWEEP_SHOTS_DIR`), to look
+/// at after the run.
 async fn shot(c: &Client, name: &str) {
-    let Some(dir) = std::env::var_os("SWEEP_SHOTS_DIR") else { return };
-    let dir = PathBuf::from(dir);
+    let dir = std::env::var_os("SWEEP_SHOTS_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+        target.join("ui-screenshots")
+    });
     std::fs::create_dir_all(&dir).unwrap();
     let png = c.screenshot().await.unwrap();
     std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
@@ -339,4 +350,343 @@ async fn the_dashboard_in_a_real_browser(_: PgPoolOptions, db: PgConnectOptions)
     c.close().await.unwrap();
     let _ = stop_api.send(());
     api_task.await.unwrap();
+}
+
+async fn click(c: &Client, css: &str) {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap_or_else(|e| panic!("clicking {css}: {e}"));
+}
+
+/// Fills the input `css` with `text` (clearing it first).
+async fn fill(c: &Client, css: &str, text: &str) {
+    let input = c.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}"));
+    input.clear().await.unwrap();
+    input.send_keys(text).await.unwrap();
+}
+
+async fn scalar(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await.unwrap()
+}
+
+/// Waits until `sql` (one int8) equals `want`: the runner's work is awaited, never slept on.
+async fn wait_db(pool: &PgPool, sql: &str, want: i64) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = scalar(pool, sql).await;
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{sql}: {got}, waited for {want}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_console_actions_in_a_real_browser(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let Some((_driver, c)) = browser().await else { return };
+    let (base, stop_api, api_task) = serve(&db).await;
+    let http =
+        reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let (_, acme) = admin::create_tenant(&pool, "acme", &TenantCaps::default()).await.unwrap();
+    let viewer = admin::create_read_only_token(&pool, "acme").await.unwrap();
+    for (task_type, file, params) in [
+        ("quick", "noop", ""),
+        ("doomed", "permanent", "?max_attempts=1"),
+        ("nap", "sleep", "?timeout_ms=120000"),
+    ] {
+        let put = http
+            .put(format!("{base}/v1/modules/{task_type}{params}"))
+            .bearer_auth(&acme)
+            .header("content-type", "application/wasm")
+            .body(module(file));
+        api(&http, put, 201).await;
+    }
+    let enqueue = |task_type: &str, payload: Value| {
+        http.post(format!("{base}/v1/tasks"))
+            .bearer_auth(&acme)
+            .json(&json!({"task_type": task_type, "payload": payload}))
+    };
+    let mut quick = Vec::new();
+    for user in [42, 7, 7] {
+        quick.push(
+            api(&http, enqueue("quick", json!({"user": {"id": user}})), 201).await["id"]
+                .as_i64()
+                .unwrap(),
+        );
+    }
+    for _ in 0..2 {
+        api(&http, enqueue("doomed", json!({})), 201).await;
+    }
+    let nap = api(&http, enqueue("nap", json!({})), 201).await["id"].as_i64().unwrap();
+    let schedule = json!({"name": "nightly", "cron": "0 3 * * *", "task_type": "quick"});
+    api(&http, http.post(format!("{base}/v1/schedules")).bearer_auth(&acme).json(&schedule), 201)
+        .await;
+    let runner = start_worker(&db, unpooled_config(2));
+    wait_db(&pool, "select count(*) from sweep.finished_tasks where task_type = 'quick'", 3).await;
+    wait_db(&pool, "select count(*) from sweep.dead_tasks", 2).await;
+    wait_db(
+        &pool,
+        &format!("select count(*) from sweep.tasks where id = {nap} and state = 'running'"),
+        1,
+    )
+    .await;
+
+    login(&c, &base, OPERATOR, "operator").await;
+
+    // State tabs count, and searches narrow the list: by payload path, by id, by type prefix.
+    c.goto(&format!("{base}/ui/tasks")).await.unwrap();
+    wait_text(&c, "#tab-succeeded", "3").await;
+    wait_text(&c, "#tab-dead", "2").await;
+    wait_text(&c, "#tab-running", "1").await;
+    shot(&c, "tasks-tabs").await;
+    fill(&c, "#search-payload", "user.id=42").await;
+    click(&c, "#search button[type=submit]").await;
+    wait_text(&c, &format!("#task-{}", quick[0]), "succeeded").await;
+    assert!(!present(&c, &format!("#task-{}", quick[1])).await, "user 7 is filtered out");
+    assert!(
+        c.current_url().await.unwrap().as_str().contains("payload=user.id%3D42"),
+        "the filter is in the URL"
+    );
+    wait_text(&c, "#tab-all", "1").await;
+    shot(&c, "tasks-search").await;
+    c.goto(&format!("{base}/ui/tasks?id={}", quick[1])).await.unwrap();
+    wait_text(&c, &format!("#task-{}", quick[1]), "quick").await;
+    assert!(!present(&c, &format!("#task-{}", quick[0])).await);
+    c.goto(&format!("{base}/ui/tasks?type_prefix=do")).await.unwrap();
+    wait_text(&c, "#tab-all", "2").await;
+    assert!(!present(&c, &format!("#task-{nap}")).await);
+
+    // Cancel the running task from its page: it ends cancelled, shown as a cancellation.
+    c.goto(&format!("{base}/ui/tasks/{nap}")).await.unwrap();
+    wait_text(&c, "#state", "running").await;
+    click(&c, "#cancel").await;
+    c.accept_alert().await.unwrap();
+    wait_text(&c, "#state", "cancelled").await;
+    wait_text(&c, "#cancellation", "cancelled while running").await;
+    wait_text(&c, "#no-attempts", "None").await;
+    shot(&c, "task-cancelled").await;
+
+    // Bulk requeue of the selected dead tasks, confirmed with the count.
+    c.goto(&format!("{base}/ui/tasks?task_type=doomed&state=dead")).await.unwrap();
+    wait_text(&c, "#tab-dead", "2").await;
+    click(&c, "#pick-all").await;
+    click(&c, "#requeue-selected").await;
+    wait_text(&c, "#confirm-what", "Requeue the 2 selected tasks").await;
+    shot(&c, "bulk-confirm").await;
+    click(&c, "#confirm-button").await;
+    wait_text(&c, "#notice", "Requeued 2").await;
+    // They run again and die again (max_attempts 1).
+    wait_db(&pool, "select count(*) from sweep.dead_tasks where jsonb_array_length(errors) = 2", 2)
+        .await;
+    // After a requeue the counter and the history read together: the second round's attempt
+    // is "1 of 1", marked as counted again, with both attempts listed.
+    let again: i64 = scalar(&pool, "select min(id) from sweep.dead_tasks").await;
+    c.goto(&format!("{base}/ui/tasks/{again}")).await.unwrap();
+    wait_text(&c, "#attempts", "requeued 1×; 2 attempts in all").await;
+    wait_text(&c, "#history", "requeued: attempts counted from 1 again").await;
+    shot(&c, "task-requeued").await;
+
+    // Bulk delete of everything the filter matches: the succeeded quick tasks.
+    c.goto(&format!("{base}/ui/tasks?type_prefix=quick&state=succeeded")).await.unwrap();
+    wait_text(&c, "#tab-succeeded", "3").await;
+    click(&c, "#delete-matching").await;
+    wait_text(&c, "#confirm-what", "Delete 3 tasks").await;
+    click(&c, "#confirm-button").await;
+    wait_text(&c, "#notice", "Deleted 3").await;
+    assert_eq!(
+        scalar(&pool, "select count(*) from sweep.finished_tasks where task_type = 'quick'").await,
+        0
+    );
+
+    // Pause a queue: its tasks wait, the pause shows who and since when, here and on the
+    // overview; resuming lets them run.
+    c.goto(&format!("{base}/ui/queues")).await.unwrap();
+    c.find(Locator::Css("#queue-acme-quick form[action$='/pause'] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(&c, "#notice", "Paused acme/quick").await;
+    wait_text(&c, "#queue-acme-quick", "paused by the operator").await;
+    let held = api(&http, enqueue("quick", json!({})), 201).await["id"].as_i64().unwrap();
+    c.goto(&format!("{base}/ui/tasks?task_type=quick")).await.unwrap();
+    wait_text(&c, "#paused-banner", "paused by the operator").await;
+    wait_text(&c, &format!("#task-{held}"), "pending").await;
+    c.goto(&format!("{base}/ui")).await.unwrap();
+    wait_text(&c, "#overview-acme-quick", "paused by the operator").await;
+    shot(&c, "overview-paused").await;
+    assert_eq!(
+        scalar(
+            &pool,
+            &format!("select count(*) from sweep.tasks where id = {held} and state = 'pending'")
+        )
+        .await,
+        1
+    );
+    c.goto(&format!("{base}/ui/queues")).await.unwrap();
+    shot(&c, "queues-paused").await;
+    c.find(Locator::Css("#queue-acme-quick form[action$='/resume'] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(&c, "#notice", "Resumed acme/quick").await;
+    wait_db(&pool, &format!("select count(*) from sweep.finished_tasks where id = {held}"), 1)
+        .await;
+
+    // A rate limit and a running limit, edited in place.
+    fill(&c, "#queue-acme-quick input[name=rate_per_sec]", "5").await;
+    fill(&c, "#queue-acme-quick input[name=burst]", "2").await;
+    click(&c, "#queue-acme-quick form.rate button").await;
+    wait_text(&c, "#notice", "5 per second, burst 2").await;
+    let (rate, burst): (f64, i32) = sqlx::query_as(
+        "select rate_per_sec, burst from sweep.queues where tenant = 'acme' and task_type = 'quick'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((rate, burst), (5.0, 2));
+    fill(&c, "#queue-acme-quick input[name=max_running]", "3").await;
+    click(&c, "#queue-acme-quick form.max-running button").await;
+    wait_text(&c, "#notice", "Max running of acme/quick: 3").await;
+    assert_eq!(
+        scalar(&pool, "select max_running::int8 from sweep.queues where tenant = 'acme' and task_type = 'quick'").await,
+        3
+    );
+
+    // The whole tenant, paused and resumed by the operator.
+    click(&c, "#tenant-pause-acme button").await;
+    wait_text(&c, "#tenant-pause-acme", "paused by the operator").await;
+    wait_text(&c, "#queue-acme-doomed", "tenant paused").await;
+    shot(&c, "queues").await;
+    click(&c, "#tenant-pause-acme button").await;
+    wait_text(&c, "#tenant-pause-acme", "running").await;
+
+    // Schedules: next run, pause, resume, delete.
+    c.goto(&format!("{base}/ui/schedules")).await.unwrap();
+    wait_text(&c, "#schedule-acme-nightly", "0 3 * * *").await;
+    click(&c, "#schedule-acme-nightly form[action$='/pause'] button").await;
+    wait_text(&c, "#schedule-acme-nightly", "paused since").await;
+    shot(&c, "schedules").await;
+    click(&c, "#schedule-acme-nightly form[action$='/resume'] button").await;
+    wait_text(&c, "#schedule-acme-nightly", "active").await;
+    click(&c, "#schedule-acme-nightly form[action$='/delete'] button").await;
+    c.accept_alert().await.unwrap();
+    wait_text(&c, "#notice", "Deleted schedule nightly").await;
+    wait_text(&c, "#no-schedules", "No schedules").await;
+
+    // Runners and charts.
+    c.goto(&format!("{base}/ui/runners")).await.unwrap();
+    wait_text(&c, &format!("#runner-{}", runner.id), "alive").await;
+    shot(&c, "runners").await;
+    runner.stop().await; // its last counts are added as it stops
+    c.goto(&format!("{base}/ui/charts")).await.unwrap();
+    wait_text(&c, "#chart-totals", "succeeded").await;
+    let totals = c.find(Locator::Css("#chart-totals")).await.unwrap().text().await.unwrap();
+    assert!(!totals.starts_with("0 succeeded"), "{totals}");
+    assert!(present(&c, "#chart-throughput").await && present(&c, "#chart-latency").await);
+    wait_text(&c, "#chart-types", "doomed").await;
+    wait_text(&c, "#chart-failures", "").await;
+    shot(&c, "charts-1h").await;
+    click(&c, "#range-24h").await;
+    wait_text(&c, "#range-24h", "24h").await;
+    assert!(c.current_url().await.unwrap().as_str().contains("range=24h"));
+    shot(&c, "charts-24h").await;
+    click(&c, "#range-7d").await;
+    wait_text(&c, "#chart-types", "quick").await;
+    shot(&c, "charts-7d").await;
+    logout(&c).await;
+
+    // A read-only session sees the pages but no control, and a POST with its CSRF token is
+    // still refused.
+    login(&c, &base, &viewer, "read-only").await;
+    c.goto(&format!("{base}/ui/queues")).await.unwrap();
+    wait_text(&c, "#queue-acme-quick", "quick").await;
+    assert!(!present(&c, "#queues form").await, "no controls for a read-only session");
+    assert_eq!(post_from_page(&c, "/ui/queues/acme/quick/pause", true).await, 403);
+    c.goto(&format!("{base}/ui/tasks")).await.unwrap();
+    wait_text(&c, "#tab-all", "").await;
+    assert!(!present(&c, "#bulk").await && !present(&c, "input.pick").await);
+    c.goto(&format!("{base}/ui/schedules")).await.unwrap();
+    wait_text(&c, "h1", "Schedules").await;
+    logout(&c).await;
+
+    // Sessions live on the server: the cookie holds an id, not the token; logging out ends
+    // it, and so does rotating its token.
+    let login_as = |token: String| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let r = http
+                .post(format!("{base}/ui/login"))
+                .form(&[("token", token)])
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 303);
+            let cookie =
+                r.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_owned();
+            cookie
+        }
+    };
+    let page_status = |cookie: String| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            http.get(format!("{base}/ui"))
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let cookie = login_as(acme.clone()).await;
+    assert!(
+        !cookie.contains(&acme) && !cookie.contains(&hex(&acme)),
+        "the cookie holds no token: {cookie}"
+    );
+    assert_eq!(page_status(cookie.clone()).await, 200);
+    let rotated: Value =
+        api(&http, http.post(format!("{base}/v1/tenants/acme/token")).bearer_auth(OPERATOR), 200)
+            .await;
+    assert_eq!(page_status(cookie).await, 303, "a rotated token ends its sessions");
+    let cookie = login_as(rotated["token"].as_str().unwrap().to_owned()).await;
+    assert_eq!(page_status(cookie.clone()).await, 200);
+    // Logging out deletes the session on the server: the same cookie no longer works.
+    let page = http.get(format!("{base}/ui")).header("cookie", &cookie).send().await.unwrap();
+    let html = page.text().await.unwrap();
+    let csrf = html
+        .split("X-CSRF-Token&quot;: &quot;")
+        .nth(1)
+        .or_else(|| html.split("X-CSRF-Token\": \"").nth(1))
+        .and_then(|rest| rest.split("&quot;").next().and_then(|t| t.split('"').next()))
+        .unwrap_or_else(|| panic!("no CSRF token in the page"))
+        .to_owned();
+    let sessions = "select count(*) from sweep.ui_sessions";
+    let before = scalar(&pool, sessions).await;
+    let out = http
+        .post(format!("{base}/ui/logout"))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 303);
+    assert_eq!(scalar(&pool, sessions).await, before - 1, "logging out deletes the session");
+    assert_eq!(page_status(cookie).await, 303, "a logged-out session is gone");
+    c.close().await.unwrap();
+    let _ = stop_api.send(());
+    api_task.await.unwrap();
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
 }

@@ -12,7 +12,7 @@
 //!   to the `default` tenant and reads across all tenants;
 //! - a read-only token (see `queue::tokens`) acts as its tenant on `GET`/`HEAD` routes and
 //!   gets 403 `read_only` on every other method, before the handler runs. The dashboard
-//!   resolves its session cookie with the same [`identify_token`].
+//!   resolves its session's token hash with the same [`identify_hash`].
 
 use rand::RngCore;
 use sqlx::PgExecutor;
@@ -194,13 +194,18 @@ pub async fn identify_token(state: &AdminState, token: &str) -> Result<Identity,
     if token.is_empty() || token.len() > MAX_TOKEN_LEN {
         return Err(ApiError::unauthorized("invalid token"));
     }
-    let hash = hash_token(token);
+    identify_hash(state, &hash_token(token)).await
+}
+
+/// The identity behind the token whose SHA-256 is `hash` (a dashboard session keeps only
+/// that), or 401: a token rotated or removed since answers 401.
+pub async fn identify_hash(state: &AdminState, hash: &str) -> Result<Identity, ApiError> {
     if let Some(operator) = state.operator_token_hash() {
         if constant_time_eq(hash.as_bytes(), operator.as_bytes()) {
             return Ok(Identity { caller: Caller::Operator, read_only: false });
         }
     }
-    match queue::token_tenant(state.store(), &hash).await? {
+    match queue::token_tenant(state.store(), hash).await? {
         Some(t) => Ok(Identity { caller: Caller::Tenant(t.tenant), read_only: t.read_only }),
         None => Err(ApiError::unauthorized("invalid token")),
     }

@@ -15,6 +15,8 @@ use super::error::ApiError;
 
 pub const JSON: &str = "application/json";
 pub const WASM: &str = "application/wasm";
+/// What generated clients send a file as; module uploads take it too.
+pub const OCTET_STREAM: &str = "application/octet-stream";
 
 /// Refuses a request whose `Content-Type` is not `expected` (parameters such as `charset`
 /// are ignored).

@@ -49,6 +49,7 @@ pub enum Route {
     Enqueue,
     EnqueueBatch,
     TaskShow,
+    TaskList,
     TaskCancel,
     TasksCancel,
     DeadList,
@@ -74,7 +75,7 @@ pub enum Route {
 
 impl Route {
     /// Every route, in the order the server tries them.
-    pub const ALL: [Route; 32] = [
+    pub const ALL: [Route; 33] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
@@ -86,6 +87,7 @@ impl Route {
         Route::Enqueue,
         Route::EnqueueBatch,
         Route::TaskShow,
+        Route::TaskList,
         Route::TaskCancel,
         Route::TasksCancel,
         Route::DeadList,
@@ -140,6 +142,7 @@ impl Route {
             Route::Enqueue => of::<tasks::__path_enqueue>(),
             Route::EnqueueBatch => of::<tasks::__path_enqueue_batch>(),
             Route::TaskShow => of::<tasks::__path_show>(),
+            Route::TaskList => of::<tasks::__path_list>(),
             Route::TaskCancel => of::<tasks::__path_cancel>(),
             Route::TasksCancel => of::<tasks::__path_cancel_many>(),
             Route::DeadList => of::<ops::__path_dead>(),
@@ -276,9 +279,19 @@ impl Route {
                 .and(warp::get())
                 .and(with(state))
                 .and(auth())
-                .and_then(|id, state, caller| async move {
-                    respond(tasks::show(state, caller, id).await)
+                .and(query())
+                .and_then(|id, state, caller, q| async move {
+                    respond(tasks::show(state, caller, id, q).await)
                 })
+                .boxed(),
+            Route::TaskList => warp::path!("v1" / "tasks")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(
+                    |state, caller, q| async move { respond(tasks::list(state, caller, q).await) },
+                )
                 .boxed(),
             Route::TaskCancel => warp::path!("v1" / "tasks" / TaskId / "cancel")
                 .and(warp::post())

@@ -39,6 +39,7 @@ mod openapi;
 mod params;
 mod turns;
 mod ui;
+mod wait;
 
 use std::fmt;
 use std::future::Future;
@@ -100,8 +101,8 @@ struct Inner {
     /// The runner's module cache, when the API is served next to a runner: an upload's
     /// compiled module goes there, so its first task does not compile it again.
     modules: Option<ModuleCache>,
-    /// Per-process random key the dashboard derives CSRF tokens from (see `ui::session`).
-    ui_key: [u8; 32],
+    /// Task ends, for `GET /v1/tasks/{id}?wait=` (one LISTEN, started at the first wait).
+    ends: wait::Ends,
 }
 
 impl fmt::Debug for AdminState {
@@ -167,7 +168,7 @@ impl AdminState {
                 validation_slots,
                 compile_turns: Arc::default(),
                 modules,
-                ui_key: ui::new_key(),
+                ends: wait::Ends::default(),
             }),
         })
     }
@@ -193,8 +194,8 @@ impl AdminState {
         self.inner.operator_token_hash.as_deref()
     }
 
-    fn ui_key(&self) -> &[u8; 32] {
-        &self.inner.ui_key
+    fn ends(&self) -> &wait::Ends {
+        &self.inner.ends
     }
 
     fn validation_slots(&self) -> Arc<Semaphore> {

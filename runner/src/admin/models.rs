@@ -17,8 +17,8 @@ use super::json_input::{integer, optional_integer, present_integer};
 use super::params::EffectiveLimits;
 use crate::queue::{
     CapsChange, CatchUp, CronSchedule, DeadTask, Enqueued, ModuleVersion, NewSchedule, NewTask,
-    Overlap, QueueControl, RunnerInfo, TaskId, Tenant, TenantPause, TypeStats, MAX_DEDUP_KEY_LEN,
-    MAX_MAX_ATTEMPTS, MAX_WEIGHT,
+    Overlap, QueueControl, RunnerInfo, TaskId, TaskRow, Tenant, TenantPause, TypeStats,
+    MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS, MAX_WEIGHT,
 };
 
 /// `POST /v1/tasks` (and each element of `POST /v1/tasks/batch`). Read by the hand-written
@@ -294,6 +294,15 @@ pub struct UploadResponse {
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct ModulesResponse {
     pub modules: Vec<ModuleVersion>,
+}
+
+/// `GET /v1/tasks`: a page of tasks, newest first; pass `next_before` as `before` for the next.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct TaskPage {
+    pub tasks: Vec<TaskRow>,
+    /// The last id of a full page, `null` on the last page.
+    #[schema(required, value_type = Option<i64>)]
+    pub next_before: Option<TaskId>,
 }
 
 /// `GET /v1/dead`: a page of dead tasks; pass `next_after` as `after` for the next page.

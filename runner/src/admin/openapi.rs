@@ -23,7 +23,8 @@ use super::filters::Route;
 use super::models::{
     ActivateRequest, BatchResponse, CancelTasksRequest, CapsRequest, CreateScheduleRequest,
     DeadPage, EnqueueRequest, Health, ModulesResponse, RateLimitRequest, SchedulesResponse,
-    StatsResponse, TenantsResponse, TokenResponse, UploadResponse, WasmModule, WeightRequest,
+    StatsResponse, TaskPage, TenantsResponse, TokenResponse, UploadResponse, WasmModule,
+    WeightRequest,
 };
 use crate::queue::{
     BulkCancel, CatchUp, CronSchedule, ModuleVersion, Overlap, QueueControl, TaskView, Tenant,
@@ -55,6 +56,8 @@ pub const BEARER: &str = "bearer";
             EnqueueRequest,
             BatchResponse,
             TaskView,
+            TaskPage,
+            crate::queue::TaskRow,
             DeadPage,
             StatsResponse,
             TenantsResponse,

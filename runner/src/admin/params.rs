@@ -13,11 +13,15 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Serialize;
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::ApiError;
-use crate::queue::{ModuleSettings, TaskId, TenantCaps, DEFAULT_MAX_ATTEMPTS, MAX_MAX_ATTEMPTS};
+use crate::queue::{
+    ModuleSettings, TaskFilter, TaskId, TaskState, TenantCaps, DEFAULT_MAX_ATTEMPTS,
+    MAX_MAX_ATTEMPTS,
+};
 use crate::sandbox::{LimitOverrides, Limits, SandboxConfig};
 
 const MIB: u64 = 1024 * 1024;
@@ -151,6 +155,19 @@ pub struct ScheduleNamePath {
     pub name: String,
 }
 
+/// `GET /v1/tasks/{id}` query, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WaitParam {
+    /// Answer once the task has ended (succeeded, cancelled or dead), or after this long,
+    /// whichever is first: `30s`, `500ms`, `2m` or seconds (longer asks wait 60 s). The answer is the
+    /// task as it then is; a live state means the wait ran out. Woken by Postgres (LISTEN),
+    /// not by polling.
+    #[param(nullable = false, pattern = "^[0-9]+(\\.[0-9]+)?(ms|s|m)?$")]
+    pub wait: Option<String>,
+}
+
 /// `GET /v1/modules` query, as documented.
 #[allow(dead_code)] // only describes the parameter; the route parses it
 #[derive(Debug, IntoParams)]
@@ -175,6 +192,151 @@ pub struct DeadParams {
     /// Page size, 1 to 1000 (default 100).
     #[param(nullable = false, minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
+}
+
+/// `GET /v1/tasks` query (the dashboard's task list reads the same), as documented.
+#[allow(dead_code)] // only describes the parameters; `TaskQuery::take` parses them
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TaskListParams {
+    /// Only tasks in this state.
+    #[param(nullable = false, pattern = "^(pending|running|retrying|succeeded|cancelled|dead)$")]
+    pub state: Option<String>,
+    /// Only this task type.
+    #[param(nullable = false, pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
+    pub task_type: Option<String>,
+    /// Only task types starting with this (`mail.` finds `mail.send` and `mail.bounce`).
+    #[param(nullable = false, pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
+    pub type_prefix: Option<String>,
+    /// Only tasks whose payload contains this: `path=value` with a dotted path (`user.id=42`,
+    /// `to=a@example.com`; the value is JSON when it parses as JSON, else a string), or a JSON
+    /// object (`{"to": "a@example.com"}`), which the payload must contain.
+    #[param(
+        nullable = false,
+        min_length = 1,
+        max_length = 4096,
+        pattern = "^[^=\\u0000]*=[^\\u0000]*$"
+    )]
+    pub payload: Option<String>,
+    /// Only the task with this id.
+    #[param(nullable = false, minimum = 1, maximum = 9223372036854775807_i64)]
+    pub id: Option<i64>,
+    /// Created at or after (RFC 3339; the dashboard also sends `2026-12-01T10:00`, read as UTC).
+    #[param(nullable = false, value_type = Option<String>, format = DateTime)]
+    pub since: Option<String>,
+    /// Created before (RFC 3339; the dashboard also sends `2026-12-01T10:00`, read as UTC).
+    #[param(nullable = false, value_type = Option<String>, format = DateTime)]
+    pub until: Option<String>,
+    /// Page cursor: tasks with ids below this (the previous page's `next_before`).
+    #[param(nullable = false, minimum = 1, maximum = 9223372036854775807_i64)]
+    pub before: Option<i64>,
+    /// Page size, 1 to 500 (default 50).
+    #[param(nullable = false, minimum = 1, maximum = 500)]
+    pub limit: Option<i64>,
+}
+
+/// A task list's filter, read from a query string, with the values as given (to build the
+/// URLs of the same view: the next page, the state tabs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskQuery {
+    pub filter: TaskFilter,
+    /// The filter's parameters as given, in a fixed order, without `before` and `limit`.
+    pub given: Vec<(&'static str, String)>,
+}
+
+/// Default page size of task lists.
+pub const DEFAULT_TASK_PAGE: i64 = 50;
+/// Largest page of task lists.
+pub const MAX_TASK_PAGE: u64 = 500;
+
+fn bad_param(name: &str, message: impl std::fmt::Display) -> ApiError {
+    ApiError::bad_request("invalid_parameter", format!("parameter `{name}`: {message}"))
+}
+
+/// `2026-12-01T10:00` (what `<input type="datetime-local">` sends, read as UTC) or RFC 3339.
+pub fn parse_time(name: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(raw) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"]
+        .iter()
+        .find_map(|f| NaiveDateTime::parse_from_str(raw, f).ok())
+        .map(|n| n.and_utc())
+        .ok_or_else(|| {
+            bad_param(name, format!("expected a time like 2026-12-01T10:00, got {raw:?}"))
+        })
+}
+
+impl TaskQuery {
+    /// Takes the list parameters of [`TaskListParams`] from `q`, for a caller whose reads are
+    /// limited to `tenant` (`None`: all tenants).
+    pub fn take(q: &mut Query, tenant: Option<String>) -> Result<TaskQuery, ApiError> {
+        let mut given = Vec::new();
+        let state = match q.take("state") {
+            Some(raw) => {
+                let state = raw.parse::<TaskState>().map_err(|e| bad_param("state", e))?;
+                given.push(("state", raw));
+                Some(state)
+            }
+            None => None,
+        };
+        let mut task_type_like = |name: &'static str| -> Result<Option<String>, ApiError> {
+            let Some(raw) = q.take(name) else { return Ok(None) };
+            crate::queue::validate_task_type(&raw).map_err(|e| {
+                ApiError::bad_request("invalid_task_type", format!("parameter `{name}`: {e}"))
+            })?;
+            given.push((name, raw.clone()));
+            Ok(Some(raw))
+        };
+        let task_type = task_type_like("task_type")?;
+        let type_prefix = task_type_like("type_prefix")?;
+        let payload = match q.take("payload") {
+            Some(raw) => {
+                if raw.len() > 4096 {
+                    return Err(bad_param("payload", "at most 4096 bytes"));
+                }
+                let wanted =
+                    crate::queue::payload_match(&raw).map_err(|e| bad_param("payload", e))?;
+                given.push(("payload", raw));
+                Some(wanted)
+            }
+            None => None,
+        };
+        let id = q.take_positive("id")?;
+        if let Some(id) = id {
+            given.push(("id", id.to_string()));
+        }
+        let mut time = |name: &'static str| -> Result<Option<DateTime<Utc>>, ApiError> {
+            let Some(raw) = q.take(name) else { return Ok(None) };
+            let at = parse_time(name, &raw)?;
+            given.push((name, raw));
+            Ok(Some(at))
+        };
+        let since = time("since")?;
+        let until = time("until")?;
+        let before = q.take_positive("before")?;
+        let limit = q.take_positive("limit")?.unwrap_or(DEFAULT_TASK_PAGE as u64);
+        if limit > MAX_TASK_PAGE {
+            return Err(bad_param("limit", format!("must be at most {MAX_TASK_PAGE}")));
+        }
+        let as_id = |name: &str, v: u64| {
+            TaskId::try_from(v)
+                .map_err(|_| bad_param(name, format!("must be at most {}", TaskId::MAX)))
+        };
+        let filter = TaskFilter {
+            tenant,
+            state,
+            task_type,
+            since,
+            until,
+            before: before.map(|b| as_id("before", b)).transpose()?,
+            id: id.map(|i| as_id("id", i)).transpose()?,
+            type_prefix,
+            payload,
+            limit: i64::try_from(limit).unwrap_or(DEFAULT_TASK_PAGE),
+        };
+        Ok(TaskQuery { filter, given })
+    }
 }
 
 /// The limits an upload asks for, as given (`PUT /v1/modules/{task_type}?fuel=...`).

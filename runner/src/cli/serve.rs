@@ -70,8 +70,9 @@ pub fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
     Ok(config)
 }
 
-/// Connections of the admin API served next to a runner.
-const ADMIN_CONNECTIONS: u32 = 4;
+/// Connections of the admin API served next to a runner: four for requests, and one that the
+/// first `GET /v1/tasks/{id}?wait=` keeps for its LISTEN (`admin/wait.rs`).
+const ADMIN_CONNECTIONS: u32 = 5;
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = worker_config(&args.worker)?;

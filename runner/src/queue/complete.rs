@@ -255,7 +255,9 @@ const COMPLETE: &str = concat!(
         delete from sweep.tasks t
         where t.id = any($2::int8[]) and t.lease_owner = $1
           and t.attempts = ($3::jsonb #>> array[t.id::text, 'attempt'])::int4
-        returning t.*, $3::jsonb -> t.id::text as report
+        returning t.*, $3::jsonb -> t.id::text as report, "#,
+    notify_done!(),
+    r#"
     )
     insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority, attempts,
                                 max_attempts, run_at, dedup_key, last_error, errors,
@@ -322,7 +324,9 @@ const FAIL: &str = concat!(
         killed as (
             delete from sweep.tasks t
             where t.id = any(array(select id from fenced where dies and not stops))
-            returning t.*, $3::jsonb -> t.id::text as report
+            returning t.*, $3::jsonb -> t.id::text as report, "#,
+    notify_done!(),
+    r#"
         ),
         buried as (
             insert into sweep.dead_tasks (id, tenant, task_type, payload, priority, attempts,
@@ -342,7 +346,9 @@ const FAIL: &str = concat!(
         stopped as (
             delete from sweep.tasks t
             where t.id = any(array(select id from fenced where stops))
-            returning t.*, $3::jsonb -> t.id::text as report
+            returning t.*, $3::jsonb -> t.id::text as report, "#,
+    notify_done!(),
+    r#"
         ),
         ended as (
             insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority,

@@ -136,6 +136,34 @@ pub async fn requeue<'c, E: PgExecutor<'c>>(
     }
 }
 
+/// Marks a live task as waited for: the statement that ends it will `NOTIFY sweep_done` with
+/// its id ([`DONE_CHANNEL`]). `false` when the task is not live (it ended, or is not the
+/// tenant's): read it instead.
+pub async fn watch_task<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: Option<&str>,
+    id: TaskId,
+) -> Result<bool, QueueError> {
+    let marked = sqlx::query(WATCH_TASK).bind(id).bind(tenant).execute(executor).await?;
+    Ok(marked.rows_affected() > 0)
+}
+
+/// The channel of [`watch_task`]'s notifications; the payload is the task's id.
+pub const DONE_CHANNEL: &str = done_channel!();
+
+/// Deletes finished (succeeded, cancelled) and dead tasks among `ids` (of `tenant`, or any for
+/// the operator) for good; live ones are left alone (cancel them first). Returns the ids
+/// deleted.
+pub async fn delete_tasks<'c, E: PgExecutor<'c>>(
+    executor: E,
+    tenant: Option<&str>,
+    ids: &[TaskId],
+) -> Result<Vec<TaskId>, QueueError> {
+    let rows: Vec<(TaskId,)> =
+        sqlx::query_as(DELETE_TASKS).bind(ids).bind(tenant).fetch_all(executor).await?;
+    Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
 /// One entry of a task's `errors` history, as the failure reports write it (see
 /// `complete::HistoryEntry`). Never built in Rust: the history is JSON from the database;
 /// this type only describes it in the admin API's OpenAPI document.
@@ -287,7 +315,9 @@ const CANCEL: &str = concat!(
           and state in "#,
     state!(waiting),
     r#"
-        returning *
+        returning *, "#,
+    notify_done!(),
+    r#"
     ),
     moved as (
         insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority,
@@ -346,7 +376,9 @@ const BULK_CANCEL: &str = concat!(
     ),
     cancelled as (
         delete from sweep.tasks t where t.id = any(array(select id from doomed))
-        returning t.*
+        returning t.*, "#,
+    notify_done!(),
+    r#"
     ),
     moved as (
         insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority,
@@ -426,6 +458,23 @@ const GET_TASK: &str = concat!(
     from sweep.dead_tasks where id = $1 and ($2::text is null or tenant = $2)
     "#
 );
+const WATCH_TASK: &str = r#"
+    update sweep.tasks set watched_at = now()
+    where id = $1 and ($2::text is null or tenant = $2)
+    "#;
+const DELETE_TASKS: &str = r#"
+    with finished as (
+        delete from sweep.finished_tasks
+        where id = any($1::int8[]) and ($2::text is null or tenant = $2)
+        returning id
+    ),
+    dead as (
+        delete from sweep.dead_tasks
+        where id = any($1::int8[]) and ($2::text is null or tenant = $2)
+        returning id
+    )
+    select id from finished union all select id from dead
+    "#;
 const LIST_DEAD: &str = r#"
     select id, tenant, task_type, payload, attempts, max_attempts, reason, last_error,
            errors, module_sha256, created_at, died_at
@@ -439,4 +488,4 @@ const LIST_DEAD: &str = r#"
 
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] =
-    statements![CANCEL, BULK_CANCEL, REQUEUE, GET_TASK, LIST_DEAD];
+    statements![CANCEL, BULK_CANCEL, REQUEUE, GET_TASK, LIST_DEAD, DELETE_TASKS, WATCH_TASK];

@@ -71,6 +71,26 @@ macro_rules! notify_cancel {
     };
 }
 
+/// The channel that tells waiters (`GET /v1/tasks/{id}?wait=`) a task they marked ended, as a
+/// string literal.
+macro_rules! done_channel {
+    () => {
+        "sweep_done"
+    };
+}
+
+/// A `RETURNING` column for a statement that ends tasks (deletes them from `tasks`): notifies
+/// `sweep_done` with the task's id when a waiter marked it (`watched_at`), nothing otherwise.
+macro_rules! notify_done {
+    () => {
+        concat!(
+            "case when watched_at is not null then pg_notify('",
+            done_channel!(),
+            "', id::text) end as woke"
+        )
+    };
+}
+
 /// A CTE, `woken_queues`, that makes every queue of the rows in CTE `$rows` (which returns
 /// `tenant, task_type, run_at`) findable by claims: see `sweep_wake_queues` in
 /// runner/sql/wake_queues.sql. Every statement that makes tasks wait includes it and
@@ -106,12 +126,14 @@ mod error;
 mod flow;
 mod functions;
 mod maintenance;
+mod minutes;
 mod modules;
 mod notify;
 mod pooler;
 mod retry;
 mod runners;
 mod schedules;
+mod sessions;
 #[cfg(test)]
 mod statements_tests;
 mod stats;
@@ -130,8 +152,8 @@ pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureRepor
 pub use copy::COPY_MIN_BATCH;
 pub use cron::{plan_tick, CatchUp, CronSpec, InvalidCron, Overlap, TickPlan, LATE_AFTER};
 pub use dead::{
-    cancel, cancel_matching, get_task, list_dead, requeue, AttemptError, BulkCancel, Cancel,
-    DeadTask, TaskView,
+    cancel, cancel_matching, delete_tasks, get_task, list_dead, requeue, watch_task, AttemptError,
+    BulkCancel, Cancel, DeadTask, TaskView, DONE_CHANNEL,
 };
 pub use enqueue::{
     enqueue, enqueue_checked, enqueue_many, enqueue_many_using, enqueue_many_within,
@@ -148,6 +170,10 @@ pub use maintenance::{
     prune_runners, reap_expired, repair_queue_hints, retain_finished, vacuum_live, RescuedTask,
     Retention, PARTITIONS_AHEAD_DAYS,
 };
+pub use minutes::{
+    add_minutes, lag_bucket, lag_quantile, minute_series, minute_types, prune_minutes, MinuteDelta,
+    MinuteRange, MinuteTotals, MINUTE_LAG_BUCKETS, MINUTE_LAG_BUCKETS_MS,
+};
 pub use modules::{
     activate_version, active_module_shas, list_versions, module_bytes, register_module,
     ModuleSettings, ModuleVersion, Registered,
@@ -161,6 +187,7 @@ pub use schedules::{
     resume_schedule, run_due_schedules, tick_key, validate_schedule_name, CronSchedule,
     InvalidSchedule, NewSchedule, ScheduleError, TickReport, MAX_SCHEDULE_NAME_LEN,
 };
+pub use sessions::{close_ui_session, find_ui_session, open_ui_session, UiSession};
 pub use stats::{queue_stats, TypeStats};
 pub use store::{
     check_schema, migrate, migrate_with, Migrated, Role, Store, StoreError, StoreOptions, SCHEMA,
@@ -174,7 +201,10 @@ pub use types::{
     validate_task_type, validate_tenant, ActiveModule, ClaimedTask, Enqueued, NewTask, Schedule,
     TaskId, DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS,
 };
-pub use views::{list_tasks, throughput_last_hour, MinuteCounts, TaskFilter, TaskRow};
+pub use views::{
+    count_tasks, list_queues, list_tasks, payload_match, throughput_last_hour, MinuteCounts,
+    QueueRow, StateCounts, TaskFilter, TaskRow, COUNT_CAP,
+};
 pub use vocab::{FailureKind, TaskState};
 
 /// The migrations in `migrations/`, embedded at build time.
@@ -192,9 +222,11 @@ pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)>
         flow::STATEMENTS,
         functions::STATEMENTS,
         maintenance::STATEMENTS,
+        minutes::STATEMENTS,
         modules::STATEMENTS,
         runners::STATEMENTS,
         schedules::STATEMENTS,
+        sessions::STATEMENTS,
         stats::STATEMENTS,
         store::STATEMENTS,
         tenants::STATEMENTS,

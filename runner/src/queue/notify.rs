@@ -64,6 +64,10 @@ impl CancelRequest {
 pub struct Wakeups {
     notify: Arc<Notify>,
     listener: Option<JoinHandle<()>>,
+    /// The listener's own pool (a listen URL of its own), closed with it: the connection then
+    /// goes away without the return-to-pool health check, which would warn when the server is
+    /// stopping too (as `sweep dev` stops its Postgres right after the runner).
+    own_pool: Option<PgPool>,
     /// Cancel notifications, until a runner takes the receiver.
     cancels: Mutex<Option<mpsc::UnboundedReceiver<CancelRequest>>>,
 }
@@ -97,7 +101,9 @@ impl Wakeups {
             .await?;
         let mut listener = PgListener::connect_with(&pool).await?;
         listener.ignore_pool_close_event(true);
-        Self::start(listener).await
+        let mut wakeups = Self::start(listener).await?;
+        wakeups.own_pool = Some(pool);
+        Ok(wakeups)
     }
 
     async fn start(mut listener: PgListener) -> Result<Self, QueueError> {
@@ -129,13 +135,23 @@ impl Wakeups {
                 }
             }
         });
-        Ok(Wakeups { notify, listener: Some(listener), cancels: Mutex::new(Some(cancel_rx)) })
+        Ok(Wakeups {
+            notify,
+            listener: Some(listener),
+            own_pool: None,
+            cancels: Mutex::new(Some(cancel_rx)),
+        })
     }
 
     /// No LISTEN: every [`Wakeups::wait`] lasts its poll interval unless [`Wakeups::wake`]
     /// cuts it short.
     pub fn polling() -> Self {
-        Wakeups { notify: Arc::new(Notify::new()), listener: None, cancels: Mutex::new(None) }
+        Wakeups {
+            notify: Arc::new(Notify::new()),
+            listener: None,
+            own_pool: None,
+            cancels: Mutex::new(None),
+        }
     }
 
     /// The cancel notifications of every runner (filter by [`CancelRequest::runner`]), once:
@@ -163,6 +179,10 @@ impl Wakeups {
 
 impl Drop for Wakeups {
     fn drop(&mut self) {
+        if let Some(pool) = &self.own_pool {
+            // Marks the pool closed at once (the future only waits for the connections).
+            drop(pool.close());
+        }
         if let Some(listener) = &self.listener {
             listener.abort();
         }

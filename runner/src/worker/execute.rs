@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 
 use tracing::{field::Empty, Instrument};
 
+use super::minutes::Tally;
 use super::Report;
 use crate::errors::error_chain;
 use crate::{
@@ -21,12 +22,14 @@ use crate::{
     sandbox::{Execution, LimitOverrides, Limits, ModuleCache, Outcome, Sandbox, TaskInput},
 };
 
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn execute(
     store: &Store,
     control: &tokio::runtime::Handle,
     sandbox: &Sandbox,
     modules: &ModuleCache,
     config: &WorkerConfig,
+    minutes: &Tally,
     task: ClaimedTask,
     cancelled: oneshot::Receiver<Instant>,
 ) -> Report {
@@ -41,6 +44,7 @@ pub(super) async fn execute(
     );
     let lag = (chrono::Utc::now() - task.run_at).as_seconds_f64().max(0.0);
     metrics::histogram!(crate::metrics::QUEUE_LAG).record(lag);
+    minutes.started(&task.tenant, &task.task_type, (lag * 1000.0) as i64);
     async move {
         // When the cancel reached this runner; a dropped sender (the runner stopping) is no cancel.
         let requested = OnceLock::new();
@@ -102,6 +106,8 @@ pub(super) async fn execute(
             _ => None,
         };
         record(&task, &execution, stopped_in);
+        let failure = execution.outcome.failure_kind();
+        minutes.ended(&task.tenant, &task.task_type, failure.as_ref().map(|k| k.as_str()));
         Report { task, execution, module_sha256: sha256, retry, stopped_in }
     }
     .instrument(span)

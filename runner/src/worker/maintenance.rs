@@ -22,11 +22,15 @@ use tokio::{sync::watch, time::MissedTickBehavior};
 use uuid::Uuid;
 
 use super::liveness::{HeldLeases, Reachability};
+use super::minutes::Tally;
 use crate::{
     config::WorkerConfig,
     queue::{self, Store},
 };
 
+/// How long the charts' per-minute counters are kept: the longest range they show (7 days)
+/// and a day more.
+const MINUTES_KEPT: Duration = Duration::from_secs(8 * 24 * 3600);
 /// Most expired leases rescued per statement.
 const REAP_BATCH: usize = 1000;
 /// How soon a heartbeat that failed is tried again.
@@ -76,6 +80,7 @@ pub(super) async fn run(
     config: Arc<WorkerConfig>,
     reach: Arc<Reachability>,
     reported: Arc<AtomicU64>,
+    minutes: Arc<Tally>,
     stop: watch::Receiver<bool>,
 ) {
     let m = &config.maintenance;
@@ -141,6 +146,14 @@ pub(super) async fn run(
         if let Err(e) = queue::prune_runners(&store, m.runner_expiry).await {
             tracing::warn!(error = %e, "pruning runners failed");
         }
+        if let Err(e) = queue::prune_minutes(&store, MINUTES_KEPT, m.retention_batch).await {
+            tracing::warn!(error = %e, "pruning the charts' old minutes failed");
+        }
+    });
+    let counts = every(m.minutes_interval, stop.clone(), || async {
+        if let Err(e) = minutes.flush(&store).await {
+            tracing::warn!(error = %e, "adding the charts' per-minute counts failed; kept for the next try");
+        }
     });
     let hints = every(m.hint_repair_interval, stop.clone(), || async {
         match queue::repair_queue_hints(&store).await {
@@ -154,7 +167,7 @@ pub(super) async fn run(
         let Some(period) = m.scheduler_interval else { return };
         super::scheduler::run(store.clone(), period, scheduler_stop).await
     };
-    tokio::join!(reaper, vacuum, retention, hints, scheduler);
+    tokio::join!(reaper, vacuum, retention, hints, scheduler, counts);
 }
 
 /// When the live table is next vacuumed: after `interval` at the latest, sooner once this

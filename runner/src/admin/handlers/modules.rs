@@ -15,7 +15,7 @@ use warp::http::StatusCode;
 
 use super::{created_or_ok, json, Answer};
 use crate::admin::auth::Caller;
-use crate::admin::body::{check_content_type, read_limited, WASM};
+use crate::admin::body::{check_content_type, read_limited, OCTET_STREAM, WASM};
 use crate::admin::error::ApiError;
 use crate::admin::models::{ActivateRequest, ModulesResponse, UploadResponse, WasmModule};
 use crate::admin::openapi as doc;
@@ -31,7 +31,8 @@ fn check_task_type(task_type: &str) -> Result<(), ApiError> {
         .map_err(|e| ApiError::bad_request("invalid_task_type", e.to_string()))
 }
 
-/// `PUT /v1/modules/{task_type}` with the module as an `application/wasm` body.
+/// `PUT /v1/modules/{task_type}` with the module as an `application/wasm` (or
+/// `application/octet-stream`) body.
 #[utoipa::path(
     put,
     path = "/v1/modules/{task_type}",
@@ -39,10 +40,13 @@ fn check_task_type(task_type: &str) -> Result<(), ApiError> {
     tag = "modules",
     security(("bearer" = [])),
     params(TaskTypePath, TenantParam, RequestedLimits),
+    // Described as `application/octet-stream` only, which generated clients send a file as
+    // (openapi-python-client skips an operation whose only body type is one it does not know,
+    // and warns about any); `application/wasm` is accepted the same and is what the CLI sends.
     request_body(
-        description = "The module: a WASI preview-1 command built for wasm32-wasip1",
+        description = "The module: a WASI preview-1 command built for wasm32-wasip1, as raw bytes. `Content-Type: application/wasm` is accepted as well.",
         content = WasmModule,
-        content_type = "application/wasm",
+        content_type = "application/octet-stream",
     ),
     responses(
         (status = 201, description = "Stored as a new version and activated", body = UploadResponse),
@@ -72,7 +76,14 @@ where
     let tenant = q.take("tenant");
     let requested = RequestedLimits::from_query(&mut q)?;
     q.finish()?;
-    check_content_type(content_type.as_deref(), WASM)?;
+    check_content_type(content_type.as_deref(), WASM)
+        .or_else(|_| check_content_type(content_type.as_deref(), OCTET_STREAM))
+        .map_err(|_| {
+            ApiError::unsupported_media_type(format!(
+                "expected Content-Type: {WASM} or {OCTET_STREAM}, got {:?}",
+                content_type.as_deref().unwrap_or("none")
+            ))
+        })?;
     let (tenant, caps) = caller.write_target(state.store(), tenant.as_deref()).await?;
     let (settings, limits) = resolve_limits(&requested, &caps, state.sandbox().config())?;
 

@@ -10,9 +10,10 @@ use warp::http::StatusCode;
 use super::{check_modules, created_or_ok, json, payload_limit, tenant_param, Answer};
 use crate::admin::auth::Caller;
 use crate::admin::error::ApiError;
-use crate::admin::models::{BatchResponse, CancelTasksRequest, EnqueueRequest};
+use crate::admin::models::{BatchResponse, CancelTasksRequest, EnqueueRequest, TaskPage};
 use crate::admin::openapi as doc;
-use crate::admin::params::{TaskIdPath, TenantParam};
+use crate::admin::params::{Query, TaskIdPath, TaskListParams, TaskQuery, TenantParam, WaitParam};
+use crate::admin::wait;
 use crate::admin::AdminState;
 use crate::queue::{
     self, BulkCancel, Cancel, CheckedTasks, Enqueued, InvalidTask, QueueError, TaskId, TaskState,
@@ -121,22 +122,58 @@ pub async fn enqueue_batch(
     Ok(json(StatusCode::CREATED, &BatchResponse { tasks: enqueued }))
 }
 
-/// `GET /v1/tasks/{id}`: state, attempts, error history, result and module of one task.
+/// `GET /v1/tasks/{id}`: state, attempts, error history, result and module of one task; with
+/// `?wait=`, once it has ended or the wait ran out.
 #[utoipa::path(
     get,
     path = "/v1/tasks/{id}",
     operation_id = "show_task",
     tag = "tasks",
     security(("bearer" = [])),
-    params(TaskIdPath),
+    params(TaskIdPath, WaitParam),
     responses(
-        (status = 200, description = "The task: live, finished or dead", body = TaskView),
+        (status = 200, description = "The task: live, finished or dead (with `wait`: ended, or still live when the wait ran out)", body = TaskView),
         (status = 404, response = doc::NotFound),
     )
 )]
-pub async fn show(state: AdminState, caller: Caller, id: TaskId) -> Answer {
-    let task = queue::get_task(state.store(), caller.scope(), id).await?;
+pub async fn show(
+    state: AdminState,
+    caller: Caller,
+    id: TaskId,
+    query: Vec<(String, String)>,
+) -> Answer {
+    let mut q = Query::new(query)?;
+    let wait = q.take("wait").map(|w| wait::parse_wait(&w)).transpose()?;
+    q.finish()?;
+    let task = match wait {
+        Some(wait) => wait::until_ended(&state, caller.scope(), id, wait).await?,
+        None => queue::get_task(state.store(), caller.scope(), id).await?,
+    };
     Ok(json(StatusCode::OK, &task))
+}
+
+/// `GET /v1/tasks`: the tasks the filter matches (the dashboard's task list), newest first,
+/// a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/tasks",
+    operation_id = "list_tasks",
+    tag = "tasks",
+    security(("bearer" = [])),
+    params(TenantParam, TaskListParams),
+    responses(
+        (status = 200, description = "A page of tasks, newest first, across live, finished and dead tasks", body = TaskPage),
+    )
+)]
+pub async fn list(state: AdminState, caller: Caller, query: Vec<(String, String)>) -> Answer {
+    let mut q = Query::new(query)?;
+    let scope = caller.read_scope(q.take("tenant").as_deref())?;
+    let TaskQuery { filter, .. } = TaskQuery::take(&mut q, scope)?;
+    q.finish()?;
+    let tasks = queue::list_tasks(state.store(), &filter).await?;
+    let full = usize::try_from(filter.limit).is_ok_and(|l| tasks.len() == l);
+    let next_before = if full { tasks.last().map(|t| t.id) } else { None };
+    Ok(json(StatusCode::OK, &TaskPage { tasks, next_before }))
 }
 
 /// `POST /v1/tasks/{id}/cancel`: a pending or retrying task is cancelled (200); a running

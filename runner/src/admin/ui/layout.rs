@@ -12,16 +12,20 @@ use crate::queue::TaskState;
 /// How often live regions poll, in htmx's syntax.
 pub const POLL: &str = "every 1s";
 
-/// Sections in the nav: (path, label). Later features get their place now.
-const NAV: [(&str, &str); 5] = [
+/// Sections in the nav: (path, label).
+const NAV: [(&str, &str); 9] = [
     ("/ui", "Overview"),
     ("/ui/tasks", "Tasks"),
+    ("/ui/queues", "Queues"),
+    ("/ui/charts", "Charts"),
     ("/ui/dead", "Dead letters"),
+    ("/ui/schedules", "Schedules"),
     ("/ui/modules", "Modules"),
+    ("/ui/runners", "Runners"),
     ("/ui/tenants", "Tenants"),
 ];
-/// Not built yet (pause, schedules, cancelling running tasks are a later issue).
-const LATER: [&str; 2] = ["Paused queues", "Schedules"];
+/// Pages of features still to come, in their place (each arrives with its data).
+const LATER: [&str; 3] = ["Usage", "Workflows", "Compile state"];
 
 /// A full page for a logged-in session; `here` is the nav entry to highlight.
 pub fn page(session: &Session, here: &str, title: &str, body: Markup) -> Markup {
@@ -62,7 +66,7 @@ pub fn head(title: &str) -> Markup {
             meta charset="utf-8";
             meta name="viewport" content="width=device-width, initial-scale=1";
             title { (title) " · Sweep" }
-            link rel="stylesheet" href="/ui/static/style.css?v=1";
+            link rel="stylesheet" href="/ui/static/style.css?v=2";
             script src="/ui/static/htmx.min.js?v=2.0.11" {}
         }
     }

@@ -13,18 +13,22 @@
 //! - every `/ui` request is answered with HTML (the JSON `recover` never sees one), and no
 //!   input panics: bad parameters are 400 pages.
 
+mod bulk;
 mod chart;
+mod charts;
 mod dead;
 mod layout;
 mod manage;
 mod overview;
+mod queues;
+mod runners;
+mod schedules;
 mod session;
 mod tasks;
 
 use std::convert::Infallible;
 use std::future::Future;
 
-use rand::RngCore;
 use warp::filters::BoxedFilter;
 use warp::http::{header, HeaderValue, StatusCode};
 use warp::reply::{Reply, Response};
@@ -43,13 +47,6 @@ pub type Page = Result<Response, ApiError>;
 
 /// Largest form body accepted.
 const MAX_FORM_BYTES: u64 = 16 * 1024;
-
-/// A fresh key for CSRF tokens, from the OS-seeded CSPRNG.
-pub fn new_key() -> [u8; 32] {
-    let mut key = [0u8; 32];
-    rand::rng().fill_bytes(&mut key);
-    key
-}
 
 /// The query string with empty values dropped (an untouched filter field means "any").
 pub fn query(pairs: Pairs) -> Result<Query, ApiError> {
@@ -189,7 +186,9 @@ pub fn routes(state: AdminState) -> BoxedFilter<(Response,)> {
         .and(post_meta())
         .and(form())
         .then(|state, meta, form| {
-            checked_post(state, meta, form, false, |_, _, _| async { Ok(overview::logout()) })
+            checked_post(state, meta, form, false, |state, s, _| async move {
+                overview::logout(&state, &s).await
+            })
         });
 
     let home = warp::path::end()
@@ -212,6 +211,20 @@ pub fn routes(state: AdminState) -> BoxedFilter<(Response,)> {
         .then(|id, state, cookie, q| {
             get(state, cookie, q, move |state, s, q| tasks::show(state, s, id, q))
         });
+    let cancel_task = warp::path!("tasks" / TaskId / "cancel")
+        .and(warp::post())
+        .and(with(&state))
+        .and(post_meta())
+        .and(form())
+        .then(|id, state, meta, form| {
+            post(state, meta, form, move |state, s, form| tasks::cancel(state, s, id, form))
+        });
+    let bulk = warp::path!("tasks" / "bulk")
+        .and(warp::post())
+        .and(with(&state))
+        .and(post_meta())
+        .and(form())
+        .then(|state, meta, form| post(state, meta, form, bulk::bulk));
     let dead_list = warp::path!("dead")
         .and(warp::get())
         .and(with(&state))
@@ -254,14 +267,90 @@ pub fn routes(state: AdminState) -> BoxedFilter<(Response,)> {
         .and(cookie())
         .and(q())
         .then(|state, cookie, q| get(state, cookie, q, manage::tenants));
-    let weight = warp::path!("tenants" / PathText / "weight")
+    let queue_list = warp::path!("queues")
+        .and(warp::get())
+        .and(with(&state))
+        .and(cookie())
+        .and(q())
+        .then(|state, cookie, q| get(state, cookie, q, queues::list));
+    let queue_act = warp::path!("queues" / PathText / PathText / String)
         .and(warp::post())
         .and(with(&state))
         .and(post_meta())
         .and(form())
-        .then(|PathText(name), state, meta, form| {
-            post(state, meta, form, move |state, s, form| manage::set_weight(state, s, name, form))
+        .then(|PathText(tenant), PathText(task_type), act: String, state, meta, form| {
+            post(state, meta, form, move |state, s, form| async move {
+                match act.as_str() {
+                    "pause" => queues::pause(state, s, tenant, task_type, true, form).await,
+                    "resume" => queues::pause(state, s, tenant, task_type, false, form).await,
+                    "rate-limit" => queues::rate_limit(state, s, tenant, task_type, form).await,
+                    "max-running" => queues::max_running(state, s, tenant, task_type, form).await,
+                    _ => Err(ApiError::not_found("no such queue action")),
+                }
+            })
         });
+    let tenant_pause = warp::path!("tenants" / PathText / String)
+        .and(warp::post())
+        .and(with(&state))
+        .and(post_meta())
+        .and(form())
+        .then(|PathText(name), act: String, state, meta, form| {
+            post(state, meta, form, move |state, s, form| async move {
+                match act.as_str() {
+                    "pause" => queues::pause_tenant(state, s, name, true, form).await,
+                    "resume" => queues::pause_tenant(state, s, name, false, form).await,
+                    "weight" => manage::set_weight(state, s, name, form).await,
+                    _ => Err(ApiError::not_found("no such tenant action")),
+                }
+            })
+        });
+    let schedule_list = warp::path!("schedules")
+        .and(warp::get())
+        .and(with(&state))
+        .and(cookie())
+        .and(q())
+        .then(|state, cookie, q| get(state, cookie, q, schedules::list));
+    let schedule_act = warp::path!("schedules" / PathText / PathText / String)
+        .and(warp::post())
+        .and(with(&state))
+        .and(post_meta())
+        .and(form())
+        .then(|PathText(tenant), PathText(name), act: String, state, meta, form| {
+            post(state, meta, form, move |state, s, form| async move {
+                let act = match act.as_str() {
+                    "pause" => schedules::Act::Pause,
+                    "resume" => schedules::Act::Resume,
+                    "delete" => schedules::Act::Delete,
+                    _ => return Err(ApiError::not_found("no such schedule action")),
+                };
+                schedules::act(state, s, tenant, name, act, form).await
+            })
+        });
+    let chart_page = warp::path!("charts")
+        .and(warp::get())
+        .and(with(&state))
+        .and(cookie())
+        .and(q())
+        .then(|state, cookie, q| get(state, cookie, q, charts::charts));
+    let runner_list = warp::path!("runners")
+        .and(warp::get())
+        .and(with(&state))
+        .and(cookie())
+        .and(q())
+        .then(|state, cookie, q| get(state, cookie, q, runners::list));
+    let console = queue_list
+        .or(queue_act)
+        .unify()
+        .or(tenant_pause)
+        .unify()
+        .or(schedule_list)
+        .unify()
+        .or(schedule_act)
+        .unify()
+        .or(runner_list)
+        .unify()
+        .or(chart_page)
+        .unify();
 
     let assets = htmx.or(css).unify().or(login_page).unify().or(login).unify().or(logout).unify();
     let pages = home
@@ -269,18 +358,24 @@ pub fn routes(state: AdminState) -> BoxedFilter<(Response,)> {
         .unify()
         .or(task)
         .unify()
+        .or(cancel_task)
+        .unify()
+        .or(bulk)
+        .unify()
         .or(dead_list)
         .unify()
         .or(requeue_one)
         .unify()
         .or(requeue_all)
         .unify();
-    let admin = modules.or(activate).unify().or(tenants).unify().or(weight).unify();
+    let admin = modules.or(activate).unify().or(tenants).unify();
     let inner = assets
         .boxed()
         .or(pages.boxed())
         .unify()
         .or(admin.boxed())
+        .unify()
+        .or(console.boxed())
         .unify()
         .recover(|r: Rejection| async move { Ok::<_, Infallible>(rejected(&r)) })
         .unify();

@@ -40,10 +40,14 @@ pub async fn login(
         return login_page(Some("cross-origin login refused"), StatusCode::FORBIDDEN);
     }
     let token = form.iter().find(|(k, _)| k == "token").map(|(_, v)| v.trim()).unwrap_or("");
-    match identify_token(&state, token).await {
-        Ok(_) => {
+    let cookie = match identify_token(&state, token).await {
+        Ok(_) => session::open(&state, token).await,
+        Err(e) => Err(e),
+    };
+    match cookie {
+        Ok(cookie) => {
             let mut r = see_other("/ui");
-            if let Ok(v) = HeaderValue::from_str(&session::login_cookie(token)) {
+            if let Ok(v) = HeaderValue::from_str(&cookie) {
                 r.headers_mut().insert(header::SET_COOKIE, v);
             }
             r
@@ -55,12 +59,14 @@ pub async fn login(
     }
 }
 
-pub fn logout() -> Response {
+/// `POST /ui/logout`: the session ends on the server, and the cookie goes.
+pub async fn logout(state: &AdminState, s: &Session) -> Page {
+    session::close(state, s).await?;
     let mut r = see_other("/ui/login");
     if let Ok(v) = HeaderValue::from_str(&session::logout_cookie()) {
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
-    r
+    Ok(r)
 }
 
 /// `GET /ui` (`?tenant=` narrows the operator's view).
@@ -72,6 +78,10 @@ pub async fn overview(state: AdminState, s: Session, q: Pairs) -> Page {
     let types = queue::queue_stats(state.store(), scope).await?;
     let minutes = queue::throughput_last_hour(state.store(), scope).await?;
     let runners = queue::list_runners(state.store()).await?;
+    let controls = queue::list_queues(state.store(), scope).await?;
+    let control = |tenant: &str, task_type: &str| {
+        controls.iter().find(|q| q.paused && q.tenant == tenant && q.task_type == task_type)
+    };
     let now = chrono::Utc::now();
     let succeeded: i64 = minutes.iter().map(|m| m.succeeded).sum();
     let failed: i64 = minutes.iter().map(|m| m.failed).sum();
@@ -88,7 +98,7 @@ pub async fn overview(state: AdminState, s: Session, q: Pairs) -> Page {
                 div.card { b #runners-alive { (runners.len()) } "runners alive" }
             }
             h2 { "Last hour, per minute" }
-            p.muted { "Green: tasks succeeded. Red: failed attempts." }
+            p.legend { span.key { span.swatch style="background:#1f9d55" {} "succeeded" } " " span.key { span.swatch style="background:#d14343" {} "failed attempts" } " " a href="/ui/charts" { "more charts »" } }
             (svg(chart::throughput(&minutes)))
             h2 { "Queues" }
             @if types.is_empty() {
@@ -102,9 +112,12 @@ pub async fn overview(state: AdminState, s: Session, q: Pairs) -> Page {
                     } }
                     tbody {
                         @for t in &types {
-                            tr {
+                            tr id=(format!("overview-{}-{}", t.tenant, t.task_type.replace(':', "_"))) {
                                 td { (t.tenant) }
-                                td { a href=(format!("/ui/tasks?task_type={}", t.task_type)) { (t.task_type) } }
+                                td {
+                                    a href=(format!("/ui/tasks?task_type={}", t.task_type)) { (t.task_type) }
+                                    @if let Some(q) = control(&t.tenant, &t.task_type) { " " (super::queues::pause_badge(q)) }
+                                }
                                 td.num { (t.pending) } td.num { (t.running) } td.num { (t.retrying) }
                                 td.num { (t.succeeded) } td.num { (t.cancelled) }
                                 td.num { a href=(format!("/ui/dead?task_type={}", t.task_type)) { (t.dead) } }

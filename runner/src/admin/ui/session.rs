@@ -1,35 +1,46 @@
-//! Dashboard sessions without a sessions table: the login form's token goes into a cookie
-//! (hex-encoded, `HttpOnly; SameSite=Strict; Path=/ui`) and is checked on every request by
-//! the API's own [`identify_token`], exactly like a bearer token. Logging out clears the
-//! cookie; revoking a token ends every session made with it at the next request.
+//! Dashboard sessions, kept on the server (`queue::sessions`): logging in with an API token
+//! draws a random session id (32 bytes from the OS-seeded CSPRNG); the cookie holds that id
+//! (hex, `HttpOnly; SameSite=Strict; Path=/ui`), never the token, and the database keeps the
+//! SHA-256 of the id, the SHA-256 of the token and the expiry ([`SESSION_TTL`]). Every request
+//! looks the session up and checks the token hash as the API checks a bearer token
+//! ([`identify_hash`]): a token rotated or removed ends its sessions at once. Logging out
+//! deletes the session.
 //!
-//! CSRF: every page carries a token derived as HMAC-SHA256(per-process random key, SHA-256 of
-//! the session token). htmx sends it as `X-CSRF-Token` (set on `<body hx-headers>`), plain
-//! forms as a hidden `csrf` field; a mutation without the right one is refused. A cross-site
-//! page can neither read it nor, with SameSite=Strict, send the cookie at all. A restart draws
-//! a new key: open pages must reload once before they can change anything. POSTs that carry
-//! an `Origin` (every browser does) must come from the host they are sent to.
+//! CSRF: every page carries a token derived from the session id (HMAC-SHA256 keyed with the
+//! id), which a cross-site page can neither read nor compute; htmx sends it as
+//! `X-CSRF-Token` (set on `<body hx-headers>`), plain forms as a hidden `csrf` field; a
+//! mutation without the right one is refused. With SameSite=Strict a cross-site page cannot
+//! send the cookie at all. POSTs that carry an `Origin` (every browser does) must come from the
+//! host they are sent to. Sessions and CSRF tokens survive a restart and work behind a load
+//! balancer (nothing is per process).
 //!
-//! Invariants: no token is ever rendered into a page or logged; CSRF tokens compare in
-//! constant time.
+//! Invariants: no token or session id is ever rendered into a page, stored in clear or
+//! logged; CSRF tokens compare in constant time.
 
 use sha2::{Digest, Sha256};
 
-use crate::admin::auth::{constant_time_eq, hash_token, identify_token, Caller, Identity};
+use std::time::Duration;
+
+use rand::RngCore;
+
+use crate::admin::auth::{constant_time_eq, hash_token, identify_hash, Caller, Identity};
 use crate::admin::error::ApiError;
 use crate::admin::AdminState;
+use crate::queue;
 
 pub const COOKIE: &str = "sweep_session";
-/// How long a browser keeps the cookie (the token itself does not expire).
-const COOKIE_MAX_AGE_S: u32 = 12 * 3600;
-/// Longest cookie value looked at (a hex-encoded token of at most 512 bytes).
-const MAX_COOKIE_VALUE: usize = 1024;
+/// How long a session lasts from its login (the cookie's `Max-Age` too).
+pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// Length of a session id in the cookie: 32 random bytes, hex.
+const SESSION_ID_LEN: usize = 64;
 
 /// A logged-in browser.
 #[derive(Debug, Clone)]
 pub struct Session {
     pub identity: Identity,
     pub csrf: String,
+    /// The SHA-256 of the session id: what logging out deletes.
+    pub id_sha256: String,
 }
 
 impl Session {
@@ -66,32 +77,47 @@ pub enum NoSession {
 
 /// The session named by the `Cookie` header.
 pub async fn from_cookie(state: &AdminState, cookie: Option<&str>) -> Result<Session, NoSession> {
-    let token = cookie.and_then(session_token).ok_or(NoSession::Login)?;
-    match identify_token(state, &token).await {
-        Ok(identity) => Ok(Session { csrf: csrf_token(state.ui_key(), &token), identity }),
+    let id = cookie.and_then(session_id).ok_or(NoSession::Login)?;
+    let id_sha256 = hash_token(&id);
+    let found = queue::find_ui_session(state.store(), &id_sha256)
+        .await
+        .map_err(|e| NoSession::Failed(e.into()))?;
+    let Some(found) = found else { return Err(NoSession::Login) };
+    match identify_hash(state, &found.token_sha256).await {
+        Ok(identity) => Ok(Session { csrf: csrf_token(&id), identity, id_sha256 }),
         Err(e) if e.status.as_u16() == 401 => Err(NoSession::Login),
         Err(e) => Err(NoSession::Failed(e)),
     }
 }
 
-/// The token inside our cookie, if the header has one that decodes.
-fn session_token(header: &str) -> Option<String> {
+/// Opens a session for `token` (already checked) and returns the `Set-Cookie` value.
+pub async fn open(state: &AdminState, token: &str) -> Result<String, ApiError> {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    let id = hex::encode(bytes);
+    queue::open_ui_session(state.store(), &hash_token(&id), &hash_token(token), SESSION_TTL)
+        .await?;
+    Ok(login_cookie(&id))
+}
+
+/// Ends `session` (logging out).
+pub async fn close(state: &AdminState, session: &Session) -> Result<(), ApiError> {
+    Ok(queue::close_ui_session(state.store(), &session.id_sha256).await?)
+}
+
+/// The session id inside our cookie, if the header has one of the right shape.
+fn session_id(header: &str) -> Option<String> {
     header.split(';').map(str::trim).find_map(|pair| {
         let value = pair.strip_prefix(COOKIE)?.strip_prefix('=')?;
-        if value.len() > MAX_COOKIE_VALUE {
-            return None;
-        }
-        let bytes = hex::decode(value).ok()?;
-        String::from_utf8(bytes).ok().filter(|t| !t.is_empty())
+        let hex = value.len() == SESSION_ID_LEN
+            && value.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        hex.then(|| value.to_owned())
     })
 }
 
-/// `Set-Cookie` value that logs `token` in.
-pub fn login_cookie(token: &str) -> String {
-    format!(
-        "{COOKIE}={}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={COOKIE_MAX_AGE_S}",
-        hex::encode(token.as_bytes())
-    )
+/// `Set-Cookie` value that holds session `id`.
+fn login_cookie(id: &str) -> String {
+    format!("{COOKIE}={id}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={}", SESSION_TTL.as_secs())
 }
 
 /// `Set-Cookie` value that logs out.
@@ -99,8 +125,13 @@ pub fn logout_cookie() -> String {
     format!("{COOKIE}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0")
 }
 
-fn csrf_token(key: &[u8; 32], token: &str) -> String {
-    hex::encode(hmac_sha256(key, hash_token(token).as_bytes()))
+/// The CSRF token of session `id`: HMAC-SHA256 keyed with the id's bytes.
+fn csrf_token(id: &str) -> String {
+    let mut key = [0u8; 32];
+    if hex::decode_to_slice(id, &mut key).is_err() {
+        key = Sha256::digest(id.as_bytes()).into();
+    }
+    hex::encode(hmac_sha256(&key, b"sweep dashboard csrf"))
 }
 
 /// Whether a mutation carries this session's CSRF token (header or form field).
@@ -156,14 +187,20 @@ mod tests {
 
     #[test]
     fn cookies_round_trip_and_junk_is_no_session() {
-        let set = login_cookie("swp_abc");
+        let id = "ab".repeat(32);
+        let set = login_cookie(&id);
         let pair = set.split(';').next().unwrap();
-        assert_eq!(session_token(&format!("a=b; {pair}; c=d")), Some("swp_abc".into()));
+        assert_eq!(session_id(&format!("a=b; {pair}; c=d")), Some(id.clone()));
         assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"));
-        assert_eq!(session_token("sweep_session=zz"), None);
-        assert_eq!(session_token("sweep_session="), None);
-        assert_eq!(session_token("other=1"), None);
-        assert_eq!(session_token(&format!("sweep_session={}", "a".repeat(5000))), None);
+        assert_eq!(session_id("sweep_session=zz"), None);
+        assert_eq!(session_id("sweep_session="), None);
+        assert_eq!(session_id("other=1"), None);
+        assert_eq!(session_id(&format!("sweep_session={}", "a".repeat(5000))), None);
+        assert_eq!(session_id(&format!("sweep_session={}", "A".repeat(64))), None);
+        // The CSRF token is the session's, and is not the id.
+        assert_eq!(csrf_token(&id), csrf_token(&id));
+        assert_ne!(csrf_token(&id), csrf_token(&"cd".repeat(32)));
+        assert!(!csrf_token(&id).contains(&id));
     }
 
     #[test]
