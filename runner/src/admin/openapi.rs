@@ -22,13 +22,14 @@ use super::error::ErrorResponse;
 use super::filters::Route;
 use super::models::{
     ActivateRequest, BatchResponse, CancelTasksRequest, CapsRequest, CreateScheduleRequest,
-    DeadPage, EnqueueRequest, Health, ModulesResponse, RateLimitRequest, SchedulesResponse,
-    StatsResponse, TaskPage, TenantsResponse, TokenResponse, UploadResponse, WasmModule,
-    WeightRequest,
+    CreateWorkflowRequest, DeadPage, EnqueueRequest, Health, ModulesResponse, RateLimitRequest,
+    SchedulesResponse, StatsResponse, TaskPage, TenantsResponse, TokenResponse, UploadResponse,
+    WasmModule, WeightRequest, WorkflowStepRequest, WorkflowsResponse,
 };
 use crate::queue::{
-    BulkCancel, CatchUp, CronSchedule, ModuleVersion, Overlap, QueueControl, TaskView, Tenant,
-    TenantPause,
+    BulkCancel, CatchUp, CreatedStep, CreatedWorkflow, CronSchedule, ModuleVersion,
+    OnParentFailure, Overlap, QueueControl, StepView, TaskState, TaskView, Tenant, TenantPause,
+    WorkflowCancel, WorkflowState, WorkflowSummary, WorkflowView,
 };
 
 /// Name of the security scheme every authenticated operation requires.
@@ -75,6 +76,18 @@ pub const BEARER: &str = "bearer";
             RateLimitRequest,
             CancelTasksRequest,
             BulkCancel,
+            OnParentFailure,
+            TaskState,
+            CreateWorkflowRequest,
+            WorkflowStepRequest,
+            CreatedWorkflow,
+            CreatedStep,
+            WorkflowView,
+            WorkflowState,
+            StepView,
+            WorkflowsResponse,
+            WorkflowSummary,
+            WorkflowCancel,
         ),
         responses(
             BadRequest,
@@ -97,6 +110,7 @@ pub const BEARER: &str = "bearer";
         (name = "tenants", description = "Tenants, weights, caps and tokens"),
         (name = "schedules", description = "Cron schedules: a task per tick"),
         (name = "queues", description = "Flow control of a task type: pause, resume, rate limit"),
+        (name = "workflows", description = "Named steps with dependencies, created together"),
         (name = "ops", description = "Statistics, metrics, probes and this document")
     )
 )]

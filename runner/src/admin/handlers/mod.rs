@@ -10,6 +10,7 @@ pub mod queues;
 pub mod schedules;
 pub mod tasks;
 pub mod tenants;
+pub mod workflows;
 
 use serde::Serialize;
 use warp::http::StatusCode;

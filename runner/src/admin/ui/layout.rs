@@ -13,19 +13,20 @@ use crate::queue::TaskState;
 pub const POLL: &str = "every 1s";
 
 /// Sections in the nav: (path, label).
-const NAV: [(&str, &str); 9] = [
+const NAV: [(&str, &str); 10] = [
     ("/ui", "Overview"),
     ("/ui/tasks", "Tasks"),
     ("/ui/queues", "Queues"),
     ("/ui/charts", "Charts"),
     ("/ui/dead", "Dead letters"),
     ("/ui/schedules", "Schedules"),
+    ("/ui/workflows", "Workflows"),
     ("/ui/modules", "Modules"),
     ("/ui/runners", "Runners"),
     ("/ui/tenants", "Tenants"),
 ];
 /// Pages of features still to come, in their place (each arrives with its data).
-const LATER: [&str; 3] = ["Usage", "Workflows", "Compile state"];
+const LATER: [&str; 2] = ["Usage", "Compile state"];
 
 /// A full page for a logged-in session; `here` is the nav entry to highlight.
 pub fn page(session: &Session, here: &str, title: &str, body: Markup) -> Markup {
