@@ -341,7 +341,7 @@ impl Worker {
 
     /// One claim lane: waits for room (free slots plus the buffer claimed ahead, see
     /// `intake`), claims up to that many due tasks (at most a batch), spawns each, and sleeps
-    /// on NOTIFY or the poll interval when nothing is due. While every slot is busy, a wake-up
+    /// on NOTIFY, the earliest due time it knows of, or the poll interval when nothing is due. While every slot is busy, a wake-up
     /// lets it claim into the spare slots instead. Several lanes keep several claims in flight,
     /// each with its own claim cursor and connection ([`LaneClaims`]). Returns how many tasks
     /// it claimed.
@@ -364,10 +364,11 @@ impl Worker {
                 Claimed::Tasks(n) => {
                     claimed_total += n;
                     if n == 0 && mode == ClaimMode::Fair {
+                        let idle = self.idle_wait(&mut held).await;
                         tokio::select! {
                             biased;
                             _ = stop.changed() => break,
-                            _ = lane.wakeups.wait(self.config.poll_interval) => {}
+                            _ = lane.wakeups.wait(idle) => {}
                         }
                     }
                 }
@@ -448,6 +449,23 @@ impl Worker {
             held.conn = None;
         }
         claimed
+    }
+
+    /// How long a lane that found nothing due sleeps unless a wake-up comes first: until the
+    /// earliest due time the queue hints hold (`queue::next_due_in`), so a delayed task starts
+    /// at its `run_at`, and at most the poll interval. Asked on the lane's own connection, and
+    /// only after a claim that came back empty: a busy lane never sends it.
+    async fn idle_wait(&self, held: &mut LaneClaims) -> std::time::Duration {
+        let poll = self.config.poll_interval;
+        let Some(conn) = held.conn.as_mut() else { return poll };
+        match queue::next_due_in(conn, &self.config.task_types).await {
+            Ok(due) => due.map_or(poll, |d| d.min(poll)),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the next due time failed; polling instead");
+                held.conn = None;
+                poll
+            }
+        }
     }
 
     fn spawn_task(&self, task: ClaimedTask, seat: Seat, hold: Hold, lane: &Lane) {
