@@ -35,6 +35,7 @@
 //!   written or given up): a report that is never written lets its lease lapse.
 
 mod cancels;
+mod capabilities;
 mod execute;
 mod guests;
 mod intake;
@@ -104,6 +105,8 @@ pub struct Worker {
     sandbox: Sandbox,
     guests: Guests,
     modules: ModuleCache,
+    /// What each task is given (egress, HTTP limits, secrets), per module version.
+    capabilities: capabilities::CapabilityCache,
     config: Arc<WorkerConfig>,
     /// What ran, per minute, until maintenance adds it to the charts' counters.
     minutes: Arc<minutes::Tally>,
@@ -162,12 +165,15 @@ impl Worker {
         let store = store.clone();
         let modules = ModuleCache::with_max_bytes(sandbox.clone(), config.module_cache_bytes);
         let guests = Guests::start_default()?;
+        let capabilities =
+            capabilities::CapabilityCache::new(config.secrets_key.clone(), config.capabilities_ttl);
         Ok(Worker {
             id: Uuid::new_v4(),
             store,
             sandbox,
             guests,
             modules,
+            capabilities,
             config: Arc::new(config),
             minutes: Arc::default(),
         })
@@ -498,6 +504,7 @@ impl Worker {
                         &control,
                         &worker.sandbox,
                         &worker.modules,
+                        &worker.capabilities,
                         &worker.config,
                         &worker.minutes,
                         task,

@@ -146,6 +146,7 @@ async fn a_low_weight_tenant_is_never_starved(_: PgPoolOptions, db: PgConnectOpt
             result: json!({}),
             module_sha256: None,
             logs: None,
+            usage: None,
         };
         assert!(queue::complete_batch(&pool, owner, &[done]).await.unwrap().is_empty());
         let next = claim(&pool, runner, 1).await;
@@ -309,6 +310,7 @@ async fn a_drained_queue_is_found_again(_: PgPoolOptions, db: PgConnectOptions) 
         retry_delay: std::time::Duration::ZERO,
         detail: json!({}),
         module_sha256: None,
+        usage: None,
     };
     let report = queue::fail_batch(&pool, runner, &[failure]).await.unwrap();
     assert_eq!(report.retrying, vec![first[0].id]);

@@ -151,7 +151,7 @@ async fn echo_success_round_trips_json() -> anyhow::Result<()> {
         let payload = json!({"n": 3, "s": "héllo"});
         let exec = sb.run(&module, &input(payload.clone()), &limits()).await;
         assert_eq!(exec.outcome, Outcome::Success(payload));
-        assert!(exec.fuel_used > 0 && exec.fuel_used < limits().fuel);
+        assert!(exec.usage.fuel_used > 0 && exec.usage.fuel_used < limits().fuel);
         assert_eq!(exec.failure_message(), None);
     }
     Ok(())
@@ -229,7 +229,7 @@ async fn spinning_guest_with_small_fuel_runs_out() -> anyhow::Result<()> {
         let module = compile(sb, SPIN)?;
         let exec = sb.run(&module, &input(json!(null)), &limits()).await;
         assert_eq!(exec.outcome, Outcome::OutOfFuel);
-        assert_eq!(exec.fuel_used, limits().fuel);
+        assert_eq!(exec.usage.fuel_used, limits().fuel);
     }
     Ok(())
 }

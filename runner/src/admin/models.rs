@@ -288,6 +288,8 @@ pub struct UploadResponse {
     pub created: bool,
     pub wasi_imports: Vec<String>,
     pub limits: EffectiveLimits,
+    /// The tenant secrets this version receives as environment variables.
+    pub secrets: Vec<String>,
 }
 
 /// `GET /v1/modules` and `GET /v1/modules/{task_type}`.

@@ -94,6 +94,7 @@ fn rescued_failures(rescued: &[RescuedTask], default_policy: RetryPolicy) -> Vec
                 .delay(u32::try_from(t.attempt).unwrap_or(0), &mut rng),
             detail: serde_json::json!({ "runner": t.previous_owner }),
             module_sha256: None,
+            usage: None,
         })
         .collect()
 }

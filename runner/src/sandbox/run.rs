@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use wasmtime::Store;
 
+use super::capabilities::Usage;
 use super::config::Limits;
 use super::module::CompiledModule;
 use super::outcome::{classify, Ending, Execution, Outcome, RunFacts};
@@ -127,7 +128,7 @@ impl Sandbox {
             stderr: stderr_text.into_owned(),
             stderr_truncated: err.overflowed,
             duration: started.elapsed(),
-            fuel_used: limits.fuel.saturating_sub(fuel_left),
+            usage: Usage { fuel_used: limits.fuel.saturating_sub(fuel_left), ..Usage::default() },
         }
     }
 }
@@ -161,6 +162,6 @@ fn finish(outcome: Outcome, stderr: &BoundedOutput, started: Instant, fuel_used:
         stderr: String::from_utf8_lossy(&err.bytes).into_owned(),
         stderr_truncated: err.overflowed,
         duration: started.elapsed(),
-        fuel_used,
+        usage: Usage { fuel_used, ..Usage::default() },
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! Invariants:
 //! - a guest sees exactly: stdin = its payload, bounded stdout/stderr, the four `SWEEP_*`
-//!   environment variables, no args, no preopened directories, no network, no host env, and
+//!   environment variables and those in its `capabilities.env` (after them), no args, no preopened directories, no network, no host env, and
 //!   no blocking of the host thread (WASI sleeps are tokio timers); see `wasi` for how;
 //! - a memory growth past the task's limit (or one we allowed that then failed) is refused
 //!   with a trap *and* recorded in `TaskLimiter::memory_denied`, so `MemoryLimit` is read from
@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use wasmtime::{Engine, ResourceLimiter, Store, UpdateDeadline};
 
+use super::capabilities::Capabilities;
 use super::config::Limits;
 use super::pipes::BoundedOutput;
 use super::wasi::GuestWasi;
@@ -37,6 +38,9 @@ pub struct TaskInput {
     pub max_attempts: u32,
     /// The payload as JSON text; the guest reads it from stdin.
     pub payload: Vec<u8>,
+    /// What the run is given beyond computing: hosts it may reach over HTTP (components
+    /// only), its HTTP limits, and environment variables (secrets) after the `SWEEP_*` ones.
+    pub capabilities: Capabilities,
 }
 
 impl TaskInput {
@@ -55,6 +59,7 @@ impl TaskInput {
             max_attempts,
             // Serializing a `Value` only fails for non-string map keys, which `Value` can't have.
             payload: serde_json::to_vec(payload).unwrap_or_default(),
+            capabilities: Capabilities::none(),
         }
     }
 }
