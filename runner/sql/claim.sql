@@ -369,12 +369,13 @@ begin
     sample as materialized (
         select * from sweep_claim_window(p_ring, p_limit + 16, p_task_types)
     ),
-    -- Slots held right now, per queue of the window's tenants, across all runners (bounded by
-    -- the runners' slots; the tenants' filter is a hash probe per running task).
+    -- Slots held right now, per queue, across all runners (bounded by the runners' slots).
+    -- Not filtered by the window's tenants: that is a join, and a generic plan made when few
+    -- tasks were running makes it a nested loop over the window per running task.
     running_by_queue as materialized (
         select tenant, task_type, count(*)::int4 as n
         from tasks
-        where state = 'running' and tenant in (select s.tenant from sample s)
+        where state = 'running'
         group by tenant, task_type
     ),
     -- Each queue of the window with the slots it holds and its tenant holds. One grouping of

@@ -431,14 +431,16 @@ async fn two_runners_spare_slots_do_not_both_admit_a_newly_due_queue(
     assert_eq!(claim(&pool, a, 4).await.len(), 4);
     backlog(&pool, "newcomer", "small", 5).await;
 
-    let mut first = pool.begin().await.unwrap();
-    let by_a = queue::claim(&mut *first, a, 4, &[], LEASE, ClaimMode::Starved).await.unwrap();
+    let mut first = pool.begin().await.expect("begin");
+    let by_a =
+        queue::claim(&mut *first, a, 4, &[], LEASE, ClaimMode::Starved).await.expect("claim");
     assert_eq!(by_a.iter().map(|c| c.tenant.as_str()).collect::<Vec<_>>(), vec!["newcomer"]);
-    let mut second = pool.begin().await.unwrap();
-    let by_b = queue::claim(&mut *second, b, 4, &[], LEASE, ClaimMode::Starved).await.unwrap();
+    let mut second = pool.begin().await.expect("begin");
+    let by_b =
+        queue::claim(&mut *second, b, 4, &[], LEASE, ClaimMode::Starved).await.expect("claim");
     assert!(by_b.is_empty(), "a's claim is in flight: {by_b:?}");
-    second.rollback().await.unwrap();
-    first.commit().await.unwrap();
+    second.rollback().await.expect("rollback");
+    first.commit().await.expect("commit");
 
     // Committed: newcomer got exactly one spare slot between the two runners.
     let running = running_by_tenant(&pool).await;

@@ -211,8 +211,8 @@ async fn delayed_tasks_start_when_due_not_at_the_next_poll(_: PgPoolOptions, db:
     let task =
         |ms| NewTask::new("wordcount", json!({"text": "later"})).delay(Duration::from_millis(ms));
     // Two delays: the runner wakes for the first, then sleeps again until the second.
-    let first = queue::enqueue(&pool, task(300)).await.unwrap().id;
-    let second = queue::enqueue(&pool, task(900)).await.unwrap().id;
+    let first = queue::enqueue(&pool, task(300)).await.expect("enqueue").id;
+    let second = queue::enqueue(&pool, task(900)).await.expect("enqueue").id;
     for id in [first, second] {
         let t = wait_settled(&pool, id).await;
         assert_eq!(t.state, TaskState::Succeeded);
