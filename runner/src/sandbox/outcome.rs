@@ -15,6 +15,7 @@
 
 use std::time::Duration;
 
+use super::capabilities::Usage;
 use super::pipes::tail_str;
 use crate::queue::FailureKind;
 
@@ -160,8 +161,9 @@ pub struct Execution {
     pub stderr_truncated: bool,
     /// Wall-clock time from the start of `run` to the end (store teardown included).
     pub duration: Duration,
-    /// Fuel consumed (instantiation included).
-    pub fuel_used: u64,
+    /// What the run used: fuel (instantiation included), peak memory, HTTP requests and
+    /// bytes. Zero for a run that never started.
+    pub usage: Usage,
 }
 
 impl Execution {
@@ -425,7 +427,7 @@ mod tests {
             stderr: "panicked at src/main.rs:3:5\n".into(),
             stderr_truncated: false,
             duration: Duration::ZERO,
-            fuel_used: 0,
+            usage: Usage::default(),
         };
         assert_eq!(
             exec.failure_message().as_deref(),

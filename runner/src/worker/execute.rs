@@ -19,7 +19,10 @@ use crate::errors::error_chain;
 use crate::{
     config::WorkerConfig,
     queue::{self, ClaimedTask, ModuleSettings, Store},
-    sandbox::{Execution, LimitOverrides, Limits, ModuleCache, Outcome, Sandbox, TaskInput},
+    sandbox::{
+        Capabilities, Execution, LimitOverrides, Limits, ModuleCache, Outcome, Sandbox, TaskInput,
+        Usage,
+    },
 };
 
 #[allow(clippy::too_many_arguments)]
@@ -90,6 +93,8 @@ pub(super) async fn execute(
                             attempt: u32::try_from(task.attempt).unwrap_or(0),
                             max_attempts: u32::try_from(task.max_attempts).unwrap_or(0),
                             payload: task.payload.as_bytes().to_vec(),
+                            // Nothing beyond computing until tenants have egress lists and secrets.
+                            capabilities: Capabilities::none(),
                         };
                         sandbox.run_cancellable(&compiled, &input, &limits, &mut cancel).await
                     }
@@ -150,7 +155,7 @@ fn not_run(outcome: Outcome) -> Execution {
         stderr: String::new(),
         stderr_truncated: false,
         duration: Duration::ZERO,
-        fuel_used: 0,
+        usage: Usage::default(),
     }
 }
 
@@ -159,10 +164,10 @@ fn record(task: &ClaimedTask, execution: &Execution, stopped_in: Option<Duration
     let kind = execution.outcome.label();
     span.record("outcome", kind);
     span.record("duration_ms", execution.duration.as_secs_f64() * 1000.0);
-    span.record("fuel", execution.fuel_used);
+    span.record("fuel", execution.usage.fuel_used);
     metrics::counter!(crate::metrics::TASK_OUTCOMES, "kind" => kind).increment(1);
     metrics::histogram!(crate::metrics::TASK_DURATION).record(execution.duration.as_secs_f64());
-    metrics::histogram!(crate::metrics::TASK_FUEL).record(execution.fuel_used as f64);
+    metrics::histogram!(crate::metrics::TASK_FUEL).record(execution.usage.fuel_used as f64);
     if let Some(stop) = stopped_in {
         metrics::histogram!(crate::metrics::CANCEL_STOP).record(stop.as_secs_f64());
         tracing::info!(

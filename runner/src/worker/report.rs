@@ -337,7 +337,7 @@ fn failure(r: &Report, rng: &mut impl rand::Rng) -> Failure {
     let e = &r.execution;
     let mut detail = json!({
         "duration_ms": u64::try_from(e.duration.as_millis()).unwrap_or(u64::MAX),
-        "fuel_used": e.fuel_used,
+        "fuel_used": e.usage.fuel_used,
     });
     if !e.stderr.is_empty() {
         detail["stderr"] = json!(e.stderr);
