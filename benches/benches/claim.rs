@@ -91,6 +91,7 @@ async fn claimer(pool: PgPool, batch: usize, rounds: u64) -> usize {
                 result: json!({}),
                 module_sha256: None,
                 logs: None,
+                usage: None,
             })
             .collect();
         let lost = queue::complete_batch(&pool, runner, &completions).await.expect("complete");

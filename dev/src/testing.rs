@@ -53,7 +53,14 @@ pub async fn backends_waiting_on_a_lock(pool: &PgPool, n: i64) {
 
 /// A successful report of claimed task `c` with `result` (no module sha, no logs).
 pub fn completion(c: &ClaimedTask, result: serde_json::Value) -> queue::Completion {
-    queue::Completion { id: c.id, attempt: c.attempt, result, module_sha256: None, logs: None }
+    queue::Completion {
+        id: c.id,
+        attempt: c.attempt,
+        result,
+        module_sha256: None,
+        logs: None,
+        usage: None,
+    }
 }
 
 pub async fn show(pool: &PgPool, id: TaskId) -> TaskView {

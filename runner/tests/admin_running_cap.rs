@@ -53,6 +53,7 @@ async fn complete(pool: &PgPool, runner: Uuid, tasks: &[queue::ClaimedTask]) {
             result: json!({}),
             module_sha256: None,
             logs: None,
+            usage: None,
         })
         .collect();
     let lost = queue::complete_batch(pool, runner, &done).await.expect("complete");

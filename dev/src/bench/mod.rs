@@ -11,6 +11,8 @@
 //! - `fairness`: tenants and task types sharing one runner (see `bench/fairness.rs`).
 //! - `compile`: the costliest module the compile limits admit, against a `sweep run`
 //!   process (see `bench/compile.rs`).
+//! - `claim-scale`: the fair claim's cost against the number of due tenants (see
+//!   `bench/claim_scale.rs`).
 //! - `memory`, `module-footprint`: a runner's memory with 10,000 module versions run, and
 //!   what one compiled module costs (see `bench/memory.rs`).
 //!
@@ -34,8 +36,10 @@ use sweep::args::{default_modules_dir, WorkerArgs};
 
 use crate::fixtures;
 
+pub mod claim_scale;
 pub mod compile;
 pub mod cpu;
+pub mod delayed;
 pub mod enqueue;
 pub mod fairness;
 pub mod memory;
@@ -114,6 +118,8 @@ pub enum BenchMode {
     Memory(memory::MemoryArgs),
     /// What one compiled module costs in resident memory beyond its compiled image.
     ModuleFootprint(memory::FootprintArgs),
+    /// The fair claim's cost against the number of due tenants (claims rolled back).
+    ClaimScale(claim_scale::ClaimScaleArgs),
 }
 
 const ENQUEUE_CHUNK: usize = 10_000;
@@ -127,6 +133,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchMode::Compile(compile) => return compile::compile(url, &compile).await,
         BenchMode::Memory(memory) => return memory::memory(url, &memory).await,
         BenchMode::ModuleFootprint(footprint) => return memory::footprint(&footprint).await,
+        BenchMode::ClaimScale(scale) => return claim_scale::claim_scale(url, &scale).await,
         mode => mode,
     };
     let store = fresh_database(url).await?;
@@ -157,6 +164,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchMode::Compile(compile) => compile::compile(url, &compile).await,
         BenchMode::Memory(memory) => memory::memory(url, &memory).await,
         BenchMode::ModuleFootprint(footprint) => memory::footprint(&footprint).await,
+        BenchMode::ClaimScale(scale) => claim_scale::claim_scale(url, &scale).await,
     }
 }
 

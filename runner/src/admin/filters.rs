@@ -21,9 +21,12 @@ use warp::{Filter, Rejection};
 
 use super::auth::{authenticate, Caller};
 use super::body;
+use super::capability_models::{EgressRequest, SecretRequest};
 use super::enqueue_input;
 use super::error::{recover, ApiError};
-use super::handlers::{modules, ops, queues, schedules, tasks, tenants, Answer};
+use super::handlers::{
+    egress, modules, ops, queues, schedules, secrets, tasks, tenants, usage, Answer,
+};
 use super::models::{
     ActivateRequest, CancelTasksRequest, CapsRequest, CreateScheduleRequest, EnqueueRequest,
     RateLimitRequest, WeightRequest,
@@ -71,11 +74,17 @@ pub enum Route {
     TenantResume,
     QueueRateLimit,
     QueueRateLimitClear,
+    TenantEgress,
+    TenantEgressSet,
+    SecretPut,
+    SecretList,
+    SecretDelete,
+    Usage,
 }
 
 impl Route {
     /// Every route, in the order the server tries them.
-    pub const ALL: [Route; 33] = [
+    pub const ALL: [Route; 39] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
@@ -109,6 +118,12 @@ impl Route {
         Route::TenantResume,
         Route::QueueRateLimit,
         Route::QueueRateLimitClear,
+        Route::TenantEgress,
+        Route::TenantEgressSet,
+        Route::SecretPut,
+        Route::SecretList,
+        Route::SecretDelete,
+        Route::Usage,
     ];
 
     /// The documented path template, methods and operation, from the handler's
@@ -164,6 +179,12 @@ impl Route {
             Route::TenantResume => of::<queues::__path_resume_tenant>(),
             Route::QueueRateLimit => of::<queues::__path_set_rate_limit>(),
             Route::QueueRateLimitClear => of::<queues::__path_clear_rate_limit>(),
+            Route::TenantEgress => of::<egress::__path_show>(),
+            Route::TenantEgressSet => of::<egress::__path_set>(),
+            Route::SecretPut => of::<secrets::__path_put>(),
+            Route::SecretList => of::<secrets::__path_list>(),
+            Route::SecretDelete => of::<secrets::__path_delete>(),
+            Route::Usage => of::<usage::__path_usage>(),
         }
     }
 
@@ -477,6 +498,60 @@ impl Route {
                 .and(query())
                 .and_then(|PathText(task_type), state, caller, q| async move {
                     respond(queues::clear_rate_limit(state, caller, task_type, q).await)
+                })
+                .boxed(),
+            Route::TenantEgress => warp::path!("v1" / "tenants" / PathText / "egress")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and_then(|PathText(name), state, caller| async move {
+                    respond(egress::show(state, caller, name).await)
+                })
+                .boxed(),
+            Route::TenantEgressSet => warp::path!("v1" / "tenants" / PathText / "egress")
+                .and(warp::put())
+                .and(with(state))
+                .and(auth())
+                .and(body::json::<EgressRequest>(json_limit))
+                .and_then(|PathText(name), state, caller, request| async move {
+                    respond(egress::set(state, caller, name, request).await)
+                })
+                .boxed(),
+            Route::SecretPut => warp::path!("v1" / "secrets" / PathText)
+                .and(warp::put())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and(body::json::<SecretRequest>(json_limit))
+                .and_then(|PathText(name), state, caller, q, request| async move {
+                    respond(secrets::put(state, caller, name, q, request).await)
+                })
+                .boxed(),
+            Route::SecretList => warp::path!("v1" / "secrets")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|state, caller, q| async move {
+                    respond(secrets::list(state, caller, q).await)
+                })
+                .boxed(),
+            Route::SecretDelete => warp::path!("v1" / "secrets" / PathText)
+                .and(warp::delete())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|PathText(name), state, caller, q| async move {
+                    respond(secrets::delete(state, caller, name, q).await)
+                })
+                .boxed(),
+            Route::Usage => warp::path!("v1" / "usage")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|state, caller, q| async move {
+                    respond(usage::usage(state, caller, q).await)
                 })
                 .boxed(),
         }

@@ -293,6 +293,8 @@ pub struct UploadResponse {
     /// (`wasi:http/outgoing-handler@0.2.6`), in import order.
     pub wasi_imports: Vec<String>,
     pub limits: EffectiveLimits,
+    /// The tenant secrets this version receives as environment variables.
+    pub secrets: Vec<String>,
 }
 
 /// `GET /v1/modules` and `GET /v1/modules/{task_type}`.

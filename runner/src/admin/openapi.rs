@@ -18,6 +18,10 @@ use utoipa::{Modify, OpenApi, ToResponse};
 use warp::http::{header, HeaderValue, StatusCode};
 use warp::reply::{Reply, Response};
 
+use super::capability_models::{
+    EgressRequest, EgressResponse, HttpLimitsView, SecretRequest, SecretsResponse, UsageResponse,
+    UsageTotal,
+};
 use super::error::ErrorResponse;
 use super::filters::Route;
 use super::models::{
@@ -75,6 +79,16 @@ pub const BEARER: &str = "bearer";
             RateLimitRequest,
             CancelTasksRequest,
             BulkCancel,
+            EgressRequest,
+            EgressResponse,
+            HttpLimitsView,
+            SecretRequest,
+            SecretsResponse,
+            crate::queue::SecretInfo,
+            UsageResponse,
+            crate::queue::UsageDay,
+            UsageTotal,
+            crate::queue::AttemptUsage,
         ),
         responses(
             BadRequest,
@@ -94,7 +108,8 @@ pub const BEARER: &str = "bearer";
         (name = "modules", description = "Handler modules: upload, versions, rollback"),
         (name = "tasks", description = "Enqueue, show and cancel tasks"),
         (name = "dead", description = "The dead-letter table"),
-        (name = "tenants", description = "Tenants, weights, caps and tokens"),
+        (name = "tenants", description = "Tenants, weights, caps, tokens and egress policies"),
+        (name = "secrets", description = "Tenant secrets: set, list (names only), delete"),
         (name = "schedules", description = "Cron schedules: a task per tick"),
         (name = "queues", description = "Flow control of a task type: pause, resume, rate limit"),
         (name = "ops", description = "Statistics, metrics, probes and this document")

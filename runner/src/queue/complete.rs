@@ -4,6 +4,10 @@
 //! runner's lease at the reported attempt. Anything else (the reaper took the task over, it
 //! was retried elsewhere) comes back in `lost` and the row is left untouched.
 //!
+//! Usage: a report's [`AttemptUsage`] is kept with the attempt (`finished_tasks.usage` for a
+//! success, the history entry for a failure) and added to the day's totals by the same
+//! statement (`usage_cte!`, see `usage.rs`).
+//!
 //! Cancels: a report of an attempt a cancel was requested for (`cancel_requested_at`, see
 //! `dead.rs`) ends the task `cancelled` whatever the attempt did, in the same statement: the
 //! history gets an entry of kind `cancelled` (with `ended_as`, what the attempt did on its own,
@@ -17,7 +21,7 @@ use serde_json::Value;
 use sqlx::{types::Json, PgExecutor};
 use uuid::Uuid;
 
-use super::{sql_millis, FailureKind, QueueError, TaskId, TaskState};
+use super::{sql_millis, AttemptUsage, FailureKind, QueueError, TaskId, TaskState};
 
 /// The message of a cancelled attempt that succeeded before the stop reached it.
 macro_rules! cancelled_after_success {
@@ -39,6 +43,9 @@ pub struct Completion {
     pub module_sha256: Option<String>,
     /// The handler's stderr tail, if it wrote any.
     pub logs: Option<String>,
+    /// What the attempt used (`None`: not measured): kept as `finished_tasks.usage` and
+    /// added to the day's totals.
+    pub usage: Option<AttemptUsage>,
 }
 
 /// A failed attempt. Build the retry delay with [`super::RetryPolicy`]; the queue decides
@@ -54,6 +61,9 @@ pub struct Failure {
     /// Extra fields merged into the history entry (duration_ms, fuel_used, ...). An object.
     pub detail: Value,
     pub module_sha256: Option<String>,
+    /// What the attempt used (`None`: not measured, as for a reaped lease): written into the
+    /// history entry and added to the day's totals.
+    pub usage: Option<AttemptUsage>,
 }
 
 /// What became of a batch of failures.
@@ -168,6 +178,8 @@ struct CompletionFields<'a> {
     result: &'a Value,
     sha: Option<&'a str>,
     logs: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<AttemptUsage>,
 }
 
 impl KeyedReport for Completion {
@@ -181,6 +193,7 @@ impl KeyedReport for Completion {
             result: &self.result,
             sha: self.module_sha256.as_deref(),
             logs: self.logs.as_deref(),
+            usage: self.usage,
         }
     }
 }
@@ -193,9 +206,12 @@ struct FailureFields<'a> {
     sha: Option<&'a str>,
     /// The history entry, without its time (the statement adds `at` from the database clock).
     entry: HistoryEntry<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<AttemptUsage>,
 }
 
-/// `{"attempt", "kind", "message"}` followed by the fields of the failure's `detail` object.
+/// The fields of the failure's `detail` object, then its usage's (`duration_ms`, `fuel_used`,
+/// ...), then `{"attempt", "kind", "message"}`.
 struct HistoryEntry<'a>(&'a Failure);
 
 impl Serialize for HistoryEntry<'_> {
@@ -203,10 +219,16 @@ impl Serialize for HistoryEntry<'_> {
         let f = self.0;
         let detail = f.detail.as_object();
         let mut map = serializer.serialize_map(None)?;
+        let usage = f.usage.map(|u| serde_json::to_value(u).unwrap_or_default());
+        let usage = usage.as_ref().and_then(Value::as_object);
         for (key, value) in detail.into_iter().flatten() {
-            if !matches!(key.as_str(), "attempt" | "kind" | "message" | "at") {
+            let reserved = matches!(key.as_str(), "attempt" | "kind" | "message" | "at");
+            if !reserved && !usage.is_some_and(|u| u.contains_key(key)) {
                 map.serialize_entry(key, value)?;
             }
+        }
+        for (key, value) in usage.into_iter().flatten() {
+            map.serialize_entry(key, value)?;
         }
         map.serialize_entry("attempt", &f.attempt)?;
         map.serialize_entry("kind", &f.kind)?;
@@ -227,6 +249,7 @@ impl KeyedReport for Failure {
             delay_ms: sql_millis(self.retry_delay),
             sha: self.module_sha256.as_deref(),
             entry: HistoryEntry(self),
+            usage: self.usage,
         }
     }
 }
@@ -258,10 +281,13 @@ const COMPLETE: &str = concat!(
         returning t.*, $3::jsonb -> t.id::text as report, "#,
     notify_done!(),
     r#"
-    )
+    ),
+    "#,
+    usage_cte!("done", succeeded),
+    r#"
     insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority, attempts,
                                 max_attempts, run_at, dedup_key, last_error, errors,
-                                result, module_sha256, logs, created_at, started_at)
+                                result, module_sha256, logs, created_at, started_at, usage)
     select id, tenant, task_type, payload,
            case when cancel_requested_at is null then "#,
     state!(succeeded),
@@ -286,7 +312,7 @@ const COMPLETE: &str = concat!(
            end,
            case when cancel_requested_at is null then report -> 'result' end,
            coalesce(report ->> 'sha', module_sha256), report ->> 'logs', created_at,
-           started_at
+           started_at, report -> 'usage'
     from done
     returning id
     "#
@@ -319,7 +345,7 @@ const FAIL: &str = concat!(
                 lease_expires_at = null,
                 updated_at = now()
             where t.id = any(array(select id from fenced where not dies and not stops))
-            returning t.id, t.tenant, t.task_type, t.run_at
+            returning t.id, t.tenant, t.task_type, t.run_at, $3::jsonb -> t.id::text as report
         ),
         killed as (
             delete from sweep.tasks t
@@ -372,6 +398,14 @@ const FAIL: &str = concat!(
             from stopped
             returning id
         ),
+        "#,
+    usage_cte!(
+        "(select tenant, task_type, report from retried
+          union all select tenant, task_type, report from killed
+          union all select tenant, task_type, report from stopped) failed_attempts",
+        failed
+    ),
+    r#",
         "#,
     wake_queues_cte!("retried"),
     r#"

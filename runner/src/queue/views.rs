@@ -285,7 +285,10 @@ macro_rules! prefix_queues {
     };
 }
 
-const LIST_TASKS: &str = concat!(
+// The cursor is `id < coalesce($6, max)`, not `$6 is null or id < $6`: a generic plan (what a
+// prepared statement settles on) can use only the first as an index condition, and with the
+// second walked every id above the cursor (1.2 s for a page deep in 2,000,000 finished rows).
+pub(super) const LIST_TASKS: &str = concat!(
     r#"
     select * from (
         (select id, tenant, task_type, state, attempts, max_attempts, created_at,
@@ -294,7 +297,7 @@ const LIST_TASKS: &str = concat!(
          where ($2::text is null or state = $2) and "#,
     task_filter!(),
     r#"
-           and ($6::int8 is null or id < $6)
+           and id < coalesce($6::int8, 9223372036854775807)
          order by id desc limit $7)
         union all
         (select id, tenant, task_type, state, attempts, max_attempts, created_at,
@@ -303,7 +306,7 @@ const LIST_TASKS: &str = concat!(
          where $8::text is null and ($2::text is null or state = $2) and "#,
     task_filter!(),
     r#"
-           and ($6::int8 is null or id < $6)
+           and id < coalesce($6::int8, 9223372036854775807)
          order by id desc limit $7)
         union all
         (select f.* from "#,
@@ -317,7 +320,7 @@ const LIST_TASKS: &str = concat!(
                and ($2::text is null or state = $2) and "#,
     task_filter!(),
     r#"
-               and ($6::int8 is null or id < $6)
+               and id < coalesce($6::int8, 9223372036854775807)
              order by id desc limit $7) f)
         union all
         (select id, tenant, task_type, "#,
@@ -330,7 +333,7 @@ const LIST_TASKS: &str = concat!(
     r#") and "#,
     task_filter!(),
     r#"
-           and ($6::int8 is null or id < $6)
+           and id < coalesce($6::int8, 9223372036854775807)
          order by id desc limit $7)
         union all
         (select d.* from "#,
@@ -347,7 +350,7 @@ const LIST_TASKS: &str = concat!(
     r#") and "#,
     task_filter!(),
     r#"
-               and ($6::int8 is null or id < $6)
+               and id < coalesce($6::int8, 9223372036854775807)
              order by id desc limit $7) d)
     ) every
     order by id desc

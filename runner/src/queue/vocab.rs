@@ -162,10 +162,14 @@ pub enum FailureKind {
     /// (or its lease was reaped) after the cancel was requested. Always the last entry of a
     /// task that ended `cancelled` while running. Set by the sandbox, the queue and the reaper.
     Cancelled,
+    /// The task's module names secrets the runner could not give it: the runner has no
+    /// `SWEEP_SECRETS_KEY` (or another key than the one they were sealed under), or a named
+    /// secret was deleted since the upload. The guest did not run. Set by the worker.
+    SecretsUnavailable,
 }
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 12] = [
+    pub const ALL: [FailureKind; 13] = [
         FailureKind::HandlerError,
         FailureKind::OutOfFuel,
         FailureKind::Timeout,
@@ -178,6 +182,7 @@ impl FailureKind {
         FailureKind::LeaseExpired,
         FailureKind::RunnerError,
         FailureKind::Cancelled,
+        FailureKind::SecretsUnavailable,
     ];
 
     /// The name stored in the error history and shown by the API and metrics.
@@ -195,6 +200,7 @@ impl FailureKind {
             FailureKind::LeaseExpired => "lease_expired",
             FailureKind::RunnerError => "runner_error",
             FailureKind::Cancelled => "cancelled",
+            FailureKind::SecretsUnavailable => "secrets_unavailable",
         }
     }
 }

@@ -81,6 +81,10 @@ pub enum Outcome {
     /// A cancel of the task stopped the run (see `Sandbox::run_cancellable`). Permanent: the
     /// queue ends the task `cancelled`.
     Cancelled,
+    /// The module names secrets the runner could not provide (no key, another key, a secret
+    /// deleted since the upload); the guest did not run (produced by the worker). Retryable:
+    /// a runner with the key, or the secret set again, runs it.
+    SecretsUnavailable(String),
 }
 
 impl Outcome {
@@ -99,6 +103,7 @@ impl Outcome {
             Outcome::ModuleMissing => FailureKind::ModuleMissing,
             Outcome::RunnerError(_) | Outcome::NoCapacity(_) => FailureKind::RunnerError,
             Outcome::Cancelled => FailureKind::Cancelled,
+            Outcome::SecretsUnavailable(_) => FailureKind::SecretsUnavailable,
         })
     }
 
@@ -143,7 +148,9 @@ impl Outcome {
             Outcome::OutputTooLarge => "stdout exceeded the output limit".to_owned(),
             Outcome::InvalidOutput(msg) => msg.clone(),
             Outcome::ModuleMissing => "no module registered for this task type".to_owned(),
-            Outcome::RunnerError(msg) | Outcome::NoCapacity(msg) => msg.clone(),
+            Outcome::RunnerError(msg)
+            | Outcome::NoCapacity(msg)
+            | Outcome::SecretsUnavailable(msg) => msg.clone(),
             Outcome::Cancelled => "cancelled while running: the instance was stopped".to_owned(),
         };
         Some(text)

@@ -5,8 +5,10 @@
 //!
 //! Invariants:
 //! - a guest sees exactly: stdin = its payload, bounded stdout/stderr, the four `SWEEP_*`
-//!   environment variables and those in its `capabilities.env` (after them), no args, no preopened directories, no network, no host env, and
-//!   no blocking of the host thread (WASI sleeps are tokio timers); see `wasi` for how;
+//!   environment variables and those in its `capabilities.env` (after them), no args, no
+//!   preopened directories, no host env, no network but a component's outbound HTTP under
+//!   its capabilities (`http`), and no blocking of the host thread (WASI sleeps are tokio
+//!   timers); see `wasi` and `component` for how;
 //! - a memory growth past the task's limit (or one we allowed that then failed) is refused
 //!   with a trap *and* recorded in `TaskLimiter::memory_denied`, so `MemoryLimit` is read from
 //!   a flag set by our own code;

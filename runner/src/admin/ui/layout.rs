@@ -13,7 +13,7 @@ use crate::queue::TaskState;
 pub const POLL: &str = "every 1s";
 
 /// Sections in the nav: (path, label).
-const NAV: [(&str, &str); 9] = [
+const NAV: [(&str, &str); 10] = [
     ("/ui", "Overview"),
     ("/ui/tasks", "Tasks"),
     ("/ui/queues", "Queues"),
@@ -23,9 +23,10 @@ const NAV: [(&str, &str); 9] = [
     ("/ui/modules", "Modules"),
     ("/ui/runners", "Runners"),
     ("/ui/tenants", "Tenants"),
+    ("/ui/usage", "Usage"),
 ];
 /// Pages of features still to come, in their place (each arrives with its data).
-const LATER: [&str; 3] = ["Usage", "Workflows", "Compile state"];
+const LATER: [&str; 2] = ["Workflows", "Compile state"];
 
 /// A full page for a logged-in session; `here` is the nav entry to highlight.
 pub fn page(session: &Session, here: &str, title: &str, body: Markup) -> Markup {
