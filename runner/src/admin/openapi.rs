@@ -259,7 +259,9 @@ pub struct UnsupportedMediaType(ErrorResponse);
 /// memory limit, limits above the runner maxima or tenant caps, an invalid task, a task type
 /// without a module, an out-of-range value. Codes: `not_wasm`, `invalid_wasm`,
 /// `not_core_module`, `missing_start`, `bad_start_signature`, `missing_memory_export`,
-/// `forbidden_import`, `unknown_import`, `memory_too_large`, `module_limit_exceeded` (over a
+/// `forbidden_import`, `unknown_import`, `missing_run_export` (a component without
+/// `wasi:cli/run`; the message lists what it exports), `component_link` (a component import
+/// the runner does not provide, named), `memory_too_large`, `module_limit_exceeded` (over a
 /// structural limit or the compile budget; the message names the limit and the value),
 /// `validation_timeout`,
 /// `limit_too_high`, `invalid_backoff`, `invalid_task`, `unknown_task_type`,

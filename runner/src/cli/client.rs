@@ -130,7 +130,7 @@ pub enum ModuleCommand {
 pub struct UploadArgs {
     /// Task type the module handles.
     pub task_type: String,
-    /// The module, built for wasm32-wasip1.
+    /// The handler: a module built for wasm32-wasip1 or a component built for wasm32-wasip2.
     pub file: PathBuf,
     /// Fuel per task (default: the runner's).
     #[arg(long)]

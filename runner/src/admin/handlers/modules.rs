@@ -46,7 +46,7 @@ fn check_task_type(task_type: &str) -> Result<(), ApiError> {
     // (openapi-python-client skips an operation whose only body type is one it does not know,
     // and warns about any); `application/wasm` is accepted the same and is what the CLI sends.
     request_body(
-        description = "The module: a WASI preview-1 command built for wasm32-wasip1, as raw bytes. `Content-Type: application/wasm` is accepted as well.",
+        description = "The handler, as raw bytes: a WASI preview-1 command module (wasm32-wasip1) or a WASI 0.2 component exporting `wasi:cli/run` (wasm32-wasip2); which one is told from the bytes. `Content-Type: application/wasm` is accepted as well.",
         content = WasmModule,
         content_type = "application/octet-stream",
     ),
@@ -120,6 +120,7 @@ where
         sha256: m.sha256,
         size: m.size,
         created: registered.created,
+        kind: info.kind.as_str().to_owned(),
         wasi_imports: info.wasi_imports,
         limits,
         secrets: m.secrets,
