@@ -70,6 +70,9 @@ json_field() { python3 -c "import json, sys; print(json.load(sys.stdin)$1)"; }
 export DATABASE_URL="$db_url"
 SWEEP_OPERATOR_TOKEN="fuzz-operator-$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
 export SWEEP_OPERATOR_TOKEN
+# Secrets are sealed under this key (the API answers 503 to a secret's PUT without one).
+SWEEP_SECRETS_KEY="$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
+export SWEEP_SECRETS_KEY
 "$sweep" migrate >/dev/null
 tenant_token="$("$sweep" tenant create acme --json | json_field '["token"]')"
 "$sweep" tenant create other --json >/dev/null
@@ -103,6 +106,8 @@ for token in "$tenant_token" "$SWEEP_OPERATOR_TOKEN"; do
     call PUT "/v1/modules/${upload%%:*}" "$token" -H 'content-type: application/wasm' \
       --data-binary "@$modules/${upload#*:}.wasm" >/dev/null
   done
+  call PUT /v1/secrets/MAIL_API_KEY "$token" -H 'content-type: application/json' \
+    -d '{"value": "fuzz-secret-value"}' >/dev/null
   ids+=("$(enqueue "$token" '{"task_type": "wordcount", "payload": {"text": "a b a"}}')")
   ids+=("$(enqueue "$token" '{"task_type": "fails", "max_attempts": 1}')")
   ids+=("$(enqueue "$token" '{"task_type": "wordcount", "delay_ms": 36000000, "dedup_key": "later"}')")

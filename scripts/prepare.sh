@@ -101,7 +101,7 @@ pip_install() { # distribution, version
 
 step_wasm_targets() {
   local target
-  for target in wasm32-wasip1; do
+  for target in wasm32-wasip1 wasm32-wasip2; do
     rustup target list --installed 2>/dev/null | grep -qx "$target" || rustup target add "$target"
   done
 }

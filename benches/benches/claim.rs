@@ -92,6 +92,7 @@ async fn claimer(pool: PgPool, batch: usize, rounds: u64) -> usize {
                 module_sha256: None,
                 logs: None,
                 follow_ups: Vec::new(),
+                usage: None,
             })
             .collect();
         let lost = queue::complete_batch(&pool, runner, &completions).await.expect("complete");

@@ -276,3 +276,71 @@ pub async fn add_idle_tenants(
 fn sql_count(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
+
+/// `n` tenants named `<prefix><i>` (0-based), each with `task_type` registered (version 1 of
+/// `bytes`) and active: a many-tenant bench's setup in one statement instead of two calls per
+/// tenant.
+pub async fn add_busy_tenants(
+    pool: &sqlx::PgPool,
+    prefix: &str,
+    n: usize,
+    task_type: &str,
+    sha256: &str,
+    bytes: &[u8],
+) -> Result<(), QueueError> {
+    sqlx::query(
+        r#"
+        with made as (
+            insert into sweep.tenants (name, token_sha256)
+            select $1 || g, encode(sha256(convert_to($1 || g, 'UTF8')), 'hex')
+            from generate_series(0, $2 - 1) g
+            returning name
+        ),
+        versions as (
+            insert into sweep.modules (tenant, task_type, version, sha256, bytes)
+            select name, $3, 1, $4, $5 from made
+            returning tenant, task_type, version
+        )
+        insert into sweep.active_modules (tenant, task_type, version)
+        select tenant, task_type, version from versions
+        "#,
+    )
+    .bind(prefix)
+    .bind(sql_count(n))
+    .bind(task_type)
+    .bind(sha256)
+    .bind(bytes)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Statement statistics from `pg_stat_statements`, when the server preloads it: the extension
+/// is created in the bench database and its counters reset. `None` when it is not available.
+pub async fn statement_stats_reset(pool: &sqlx::PgPool) -> Option<()> {
+    sqlx::query(r#"create extension if not exists pg_stat_statements"#).execute(pool).await.ok()?;
+    sqlx::query(r#"select pg_stat_statements_reset()"#).execute(pool).await.ok()?;
+    Some(())
+}
+
+/// The `limit` statements of this database with the most total execution time since
+/// [`statement_stats_reset`]: (calls, total ms, mean ms, rows, the query's first line).
+pub async fn statement_stats_top(
+    pool: &sqlx::PgPool,
+    limit: usize,
+) -> Result<Vec<(i64, f64, f64, i64, String)>, QueueError> {
+    Ok(sqlx::query_as(
+        r#"
+        select s.calls, s.total_exec_time, s.mean_exec_time, s.rows,
+               left(regexp_replace(s.query, '\s+', ' ', 'g'), 110)
+        from pg_stat_statements s
+        join pg_database d on d.oid = s.dbid
+        where d.datname = current_database()
+        order by s.total_exec_time desc
+        limit $1
+        "#,
+    )
+    .bind(sql_count(limit))
+    .fetch_all(pool)
+    .await?)
+}

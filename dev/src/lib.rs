@@ -13,6 +13,7 @@
 pub mod bench;
 pub mod db;
 pub mod fixtures;
+pub mod mail;
 pub mod modules;
 pub mod pg;
 pub mod pgbouncer;

@@ -1,5 +1,6 @@
 //! The Wasm modules tests and benches run: those `scripts/build-modules.sh` builds for
-//! `wasm32-wasip1`, and the smallest valid handler.
+//! `wasm32-wasip1`, the components it builds for `wasm32-wasip2`, and the smallest valid
+//! handler.
 
 use std::path::PathBuf;
 
@@ -38,12 +39,27 @@ pub fn with_distinct_tag(bytes: &[u8], n: u64) -> Vec<u8> {
     out
 }
 
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
+}
+
 /// Where `scripts/build-modules.sh` puts the modules.
 pub fn modules_dir() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    target.join("wasm32-wasip1/wasm")
+    target_dir().join("wasm32-wasip1/wasm")
+}
+
+/// Where `scripts/build-modules.sh` puts the components (crates under `components/`).
+pub fn components_dir() -> PathBuf {
+    target_dir().join("wasm32-wasip2/wasm")
+}
+
+/// The bytes of component `name` built by `scripts/build-modules.sh`.
+pub fn component_bytes(name: &str) -> Vec<u8> {
+    let path = components_dir().join(format!("{name}.wasm"));
+    std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; run scripts/build-modules.sh", path.display()))
 }
 
 /// The bytes of module `name` built by `scripts/build-modules.sh`.

@@ -60,6 +60,7 @@ pub fn completion(c: &ClaimedTask, result: serde_json::Value) -> queue::Completi
         module_sha256: None,
         logs: None,
         follow_ups: Vec::new(),
+        usage: None,
     }
 }
 

@@ -80,6 +80,31 @@ end
 $$;
 
 
+-- Whether a spare slot (p_starved) may go to queue (p_tenant, p_task_type), which held
+-- `p_running` tasks in the claiming statement's snapshot. Two runners' spare-slot claims at
+-- the same moment would both see a newly due queue with nothing running and each give it a
+-- slot; so the queue's try-lock (the key space of sweep_queue_free_slots) is taken first, and
+-- the running tasks counted again with a fresh snapshot (VOLATILE, as there): a claim in
+-- flight for the queue holds the lock (no slot here), and one that committed since this
+-- statement's snapshot shows in the count (no slot either, unless its tasks already ended).
+create or replace function sweep.sweep_queue_spare(p_tenant text, p_task_type text,
+                                                   p_running bigint)
+returns boolean
+language plpgsql volatile strict
+set search_path = sweep
+as $$
+declare
+    running bigint;
+begin
+    if not pg_try_advisory_xact_lock(1937204593, hashtext(p_tenant || '/' || p_task_type)) then
+        return false;
+    end if;
+    select count(*) into running from tasks
+    where state = 'running' and tenant = p_tenant and task_type = p_task_type;
+    return running <= p_running;
+end
+$$;
+
 -- A claim lane's fair claim, starting where the lane's last claim from the same queue ended.
 --
 -- Why a cursor: a claim scans `tasks_queue` from the head of its queue. Every task claimed
@@ -310,13 +335,16 @@ $$;
 -- p_task_types: only these types (empty: all). p_starved: the runner's spare slots, one task
 -- each for queues with nothing running on any runner or whose tenant holds less than its
 -- share (fewer running tasks per unit of weight than the tenants of the window hold on
--- average). p_ring: where on the ring of queues this claim starts looking (random, drawn by
--- the runner).
+-- average), each admitted under the queue's try-lock with a fresh look (sweep_queue_spare), so
+-- two runners' spare slots never go to the same queue on the same state. p_ring: where on the
+-- ring of queues this claim starts looking (random, drawn by the runner).
 --
 -- Cost: the statement reads the running tasks once (bounded by the runners' slots) and a
--- window of at most 2 * p_limit + 16 due queues (never the backlog), then probes each chosen
--- queue's index once. Lookups go through jsonb objects rather than joins: the statement is
--- planned once per connection (generic plan), and joins between CTEs came out as nested loops.
+-- window of at most p_limit + 16 due queues (never the backlog), then probes each chosen
+-- queue's index once. Sets of rows are brought together by grouping or window functions over
+-- their union, never by joins of CTEs (the statement is planned once per connection, and such
+-- joins come out as nested loops in a generic plan) nor by lookups in objects built per claim;
+-- so nothing but the window's sorts grows with the tenants holding slots.
 create or replace function sweep.sweep_claim(p_runner uuid, p_limit bigint, p_task_types text[],
                                              p_lease_ms bigint, p_starved boolean,
                                              p_ring integer)
@@ -338,22 +366,47 @@ begin
     with
     ---- Choosing due queues, and what each could take.
 
-    -- Slots held right now, per queue and per tenant, across all runners.
+    sample as materialized (
+        select * from sweep_claim_window(p_ring, p_limit + 16, p_task_types)
+    ),
+    -- Slots held right now, per queue, across all runners (bounded by the runners' slots).
+    -- Not filtered by the window's tenants: that is a join, and a generic plan made when few
+    -- tasks were running makes it a nested loop over the window per running task.
     running_by_queue as materialized (
-        select tenant, task_type, count(*) as n
+        select tenant, task_type, count(*)::int4 as n
         from tasks
         where state = 'running'
         group by tenant, task_type
     ),
-    running as materialized (
-        select coalesce((select jsonb_object_agg(tenant || '/' || task_type, n)
-                         from running_by_queue), '{}') as by_queue,
-               coalesce((select jsonb_object_agg(tenant, n)
-                         from (select tenant, sum(n) as n from running_by_queue group by tenant) t),
-                        '{}') as by_tenant
-    ),
-    sample as materialized (
-        select * from sweep_claim_window(p_ring, 2 * p_limit + 16, p_task_types)
+    -- Each queue of the window with the slots it holds and its tenant holds. One grouping of
+    -- the window's rows and the running counts together, then a window function per tenant:
+    -- no join (a generic plan makes joins of CTEs nested loops, window x running rows) and no
+    -- lookup structure built per claim (JSON objects of the counts cost more than the rest
+    -- of the choosing together, and grew with the tenants holding slots).
+    --
+    -- `tenant_queues`: how many queues of the window the tenant has. Sorts by tenant name
+    -- compare bytes (collate "C"): any consistent order groups a tenant's rows, and it spares
+    -- each comparison the database collation.
+    counted as materialized (
+        select g.* from (
+            select u.tenant, u.task_type, max(u.weight) as weight,
+                   max(u.max_running) as max_running, max(u.rate_per_sec) as rate_per_sec,
+                   bool_or(u.in_window) as in_window, sum(u.n)::int8 as running,
+                   (sum(sum(u.n)) over w)::int8 as tenant_running,
+                   (sum(case when bool_or(u.in_window) then 1 else 0 end) over w)::int4
+                       as tenant_queues
+            from (
+                select s.tenant, s.task_type, s.weight, s.max_running, s.rate_per_sec,
+                       true as in_window, 0::int4 as n
+                from sample s
+                union all
+                select r.tenant, r.task_type, null, null, null, false, r.n
+                from running_by_queue r
+            ) u
+            group by u.tenant, u.task_type
+            window w as (partition by u.tenant collate "C")
+        ) g
+        where g.in_window
     ),
     -- The buckets of the window's rate-limited queues, locked (see flow_tokens.sql). Never run
     -- when no queue of the window has a rate limit (nothing refers to it then).
@@ -368,40 +421,37 @@ begin
     level as materialized (
         select coalesce(sum(t.running) / nullif(sum(t.weight), 0), 0) as per_weight
         from (
-            select distinct on (s.tenant) s.weight::float8 as weight,
-                   coalesce((r.by_tenant ->> s.tenant)::float8, 0) as running
-            from sample s
-            cross join running r
-            order by s.tenant
+            select distinct on (c.tenant collate "C") c.weight::float8 as weight,
+                   c.tenant_running::float8 as running
+            from counted c
+            order by c.tenant collate "C"
         ) t
     ),
     -- How many of this claim's slots each queue could take: its running limit (via a try-lock
     -- like the tenant cap's, see sweep_queue_free_slots) and, rate-limited, its whole tokens.
     queue_room as materialized (
-        select s.tenant, s.task_type, s.weight,
-               s.max_running is not null or s.rate_per_sec is not null as capped,
-               s.rate_per_sec is not null as rated,
-               coalesce((r.by_queue ->> (s.tenant || '/' || s.task_type))::int8, 0) as running,
-               coalesce((r.by_tenant ->> s.tenant)::int8, 0) as tenant_running,
+        select c.tenant, c.task_type, c.weight,
+               c.max_running is not null or c.rate_per_sec is not null as capped,
+               c.rate_per_sec is not null as rated,
+               c.running, c.tenant_running, c.tenant_queues,
                least(
                    case when p_starved then 1::int8
-                        when s.max_running is null then p_limit
-                        else least(p_limit, sweep_queue_free_slots(s.tenant, s.task_type, s.max_running))
+                        when c.max_running is null then p_limit
+                        else least(p_limit, sweep_queue_free_slots(c.tenant, c.task_type, c.max_running))
                    end,
                    -- The epsilon absorbs the float error of the refill, never a whole token.
-                   case when s.rate_per_sec is null then p_limit
+                   case when c.rate_per_sec is null then p_limit
                         else coalesce((select floor(b.available + 1e-9)::int8 from tokens b
-                                       where b.tenant = s.tenant and b.task_type = s.task_type),
+                                       where b.tenant = c.tenant and b.task_type = c.task_type),
                                       p_limit)
                    end
                ) as room,
                random() as tie
-        from sample s
-        cross join running r
+        from counted c
         where not p_starved
-           or not (r.by_queue ? (s.tenant || '/' || s.task_type))
-           or coalesce((r.by_tenant ->> s.tenant)::float8, 0) / s.weight
-              < (select per_weight from level)
+           or ((c.running = 0
+                or c.tenant_running::float8 / c.weight < (select per_weight from level))
+               and sweep_queue_spare(c.tenant, c.task_type, c.running))
     ),
     caps as materialized (
         select name, sweep_tenant_free_slots(name, max_running) as free
@@ -416,7 +466,11 @@ begin
     tenant_room as materialized (
         select q.tenant, max(q.weight)::float8 as weight, max(q.tenant_running)::float8 as running,
                least(sum(q.room)::int8, coalesce(min(c.free), p_limit)) as room,
-               random() as tie
+               random() as tie,
+               -- A tenant with one queue in the window (the usual case): its slots are that
+               -- queue's, with no sharing among task types to do.
+               min(q.tenant_queues) as queues, min(q.task_type) as only_type,
+               bool_or(q.rated) as rated
         from queue_room q
         left join caps c on c.name = q.tenant
         group by q.tenant
@@ -425,6 +479,11 @@ begin
     -- key (running + j - 1) / weight, and the p_limit lowest keys win. Only the p_limit tenants
     -- with the lowest first key can win anything, and when there are p_limit of them no winning
     -- key exceeds the highest of their first keys, which bounds how many keys each one needs.
+    -- With fewer tenants, the level that gives out p_limit slots is at most the highest first
+    -- key + p_limit / (their weights' sum), which bounds them likewise (without it, 100
+    -- tenants generated p_limit keys each, 25,000 to sort for a claim of 250). A tenant whose
+    -- room stops it below that level leaves slots the bound did not give to the others; the
+    -- work-conserving fill below takes them.
     top_tenants as materialized (
         select * from tenant_room
         where room > 0
@@ -432,10 +491,13 @@ begin
         limit p_limit
     ),
     kth as (
-        select case when count(*) >= p_limit then max(running / weight) end as key from top_tenants
+        select case when count(*) >= p_limit then max(running / weight)
+                    else max(running / weight) + p_limit / sum(weight) end as key
+        from top_tenants
     ),
     tenant_tickets as (
-        select t.tenant, (t.running + j - 1) / t.weight as key, t.weight, t.tie, j
+        select t.tenant, (t.running + j - 1) / t.weight as key, t.weight, t.tie, j, t.queues,
+               t.only_type, t.rated
         from top_tenants t
         cross join kth
         cross join lateral generate_series(
@@ -443,23 +505,41 @@ begin
             least(t.room, coalesce(floor(kth.key * t.weight - t.running + 1e-9)::int8 + 1, t.room))
         ) as j
     ),
+    best as materialized (
+        select tenant, queues, only_type, rated
+        from tenant_tickets
+        order by key, weight desc, tie, j
+        limit p_limit
+    ),
+    -- The slots of each tenant with several queues in the window, to share among them.
     tenant_alloc as materialized (
-        select jsonb_object_agg(tenant, slots) as slots
-        from (
-            select tenant, count(*) as slots
-            from (select tenant from tenant_tickets order by key, weight desc, tie, j limit p_limit) best
-            group by tenant
-        ) a
+        select tenant, count(*) as slots from best where queues > 1 group by tenant
+    ),
+    -- Each queue with its tenant's slots, brought over by a window function over both sets of
+    -- rows (no join, as in `counted`).
+    queue_slots as materialized (
+        select w.* from (
+            select u.tenant, u.task_type, u.rated, u.running, u.room, u.tie,
+                   max(u.slots) over (partition by u.tenant collate "C") as slots
+            from (
+                select q.tenant, q.task_type, q.rated, q.running, q.room, q.tie,
+                       null::int8 as slots
+                from queue_room q
+                where q.tenant_queues > 1
+                union all
+                select a.tenant, null, null, null, null, null, a.slots
+                from tenant_alloc a
+            ) u
+        ) w
+        where w.task_type is not null and w.slots is not null
     ),
     -- The same within each tenant, among its task types (equal weights).
     queue_tickets as (
-        select q.tenant, q.task_type, q.rated, s.slots,
-               row_number() over (partition by q.tenant order by q.running + j, q.tie, j) as rank
-        from queue_room q
-        cross join tenant_alloc a
-        cross join lateral (select (a.slots ->> q.tenant)::int8 as slots) s
-        cross join lateral generate_series(1::int8, least(q.room, s.slots)) as j
-        where a.slots ? q.tenant
+        select q.tenant, q.task_type, q.rated, q.slots,
+               row_number() over (partition by q.tenant collate "C" order by q.running + j, q.tie, j)
+                   as rank
+        from queue_slots q
+        cross join lateral generate_series(1::int8, least(q.room, q.slots)) as j
     ),
 
     ---- Picking and updating rows.
@@ -470,6 +550,11 @@ begin
     picked as materialized (
         select a.tenant, a.task_type, a.rated, a.want, m.more, p.ctids, p.ids
         from (
+            select tenant, only_type as task_type, bool_or(rated) as rated, count(*) as want
+            from best
+            where queues = 1
+            group by tenant, only_type
+            union all
             select tenant, task_type, bool_or(rated) as rated, count(*) as want
             from queue_tickets
             where rank <= slots
@@ -527,28 +612,41 @@ begin
     -- A queue this claim emptied of due work: look again under FOR UPDATE (which waits for no
     -- one and is refused while an enqueue to it is in flight, see wake_queues.sql) and move
     -- its hint to its next waiting task, or clear it.
+    --
+    -- Each such queue row is found by its key, in a lateral subquery of its own: a join of
+    -- `picked` with `queues` was planned as a hash or merge join over every queue row, a cost
+    -- per claim that grew with the queues in the table (10,000 tenants: 10,000 rows read by
+    -- every claim that emptied a queue).
     rehinted as (
         update queues q
-        set next_run_at = sweep_queue_next_run_at(q.tenant, q.task_type, l.ids)
+        set next_run_at = sweep_queue_next_run_at(q.tenant, q.task_type, i.ids)
         from (
-            select q2.ctid, i.ids from queues q2
-            cross join picked_ids i
-            join picked p on p.tenant = q2.tenant and p.task_type = q2.task_type
-            where not p.more and not p.rated
-            order by q2.tenant, q2.task_type
-            for update of q2 skip locked
+            select r.ctid
+            from (select p.tenant, p.task_type from picked p
+                  where not p.more and not p.rated
+                  order by p.tenant, p.task_type) p
+            cross join lateral (
+                select q2.ctid from queues q2
+                where q2.tenant = p.tenant and q2.task_type = p.task_type
+                for update skip locked
+            ) r
         ) l
+        cross join picked_ids i
         where q.ctid = l.ctid
     ),
     -- A rate-limited queue this claim emptied: its hint is corrected as above, under FOR
     -- UPDATE (refused while an enqueue is in flight); the claim already holds the row FOR NO
     -- KEY UPDATE, so this only waits for no one else.
     rated_dry as (
-        select q2.tenant, q2.task_type from queues q2
-        join picked p on p.tenant = q2.tenant and p.task_type = q2.task_type
-        where p.rated and not p.more
-        order by q2.tenant, q2.task_type
-        for update of q2 skip locked
+        select r.tenant, r.task_type
+        from (select p.tenant, p.task_type from picked p
+              where p.rated and not p.more
+              order by p.tenant, p.task_type) p
+        cross join lateral (
+            select q2.tenant, q2.task_type from queues q2
+            where q2.tenant = p.tenant and q2.task_type = p.task_type
+            for update skip locked
+        ) r
     ),
     -- The tokens this claim took, written back to each bucket it locked. By key, not ctid:
     -- the row version locked in sweep_queue_tokens may be newer than this statement's snapshot

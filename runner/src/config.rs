@@ -45,6 +45,9 @@ pub const DEFAULT_REPORT_BATCH: usize = 500;
 pub const DEFAULT_REPORT_HOLD: Duration = Duration::from_secs(300);
 /// Most bytes of reports (results, logs, error details) kept while Postgres is unreachable.
 pub const DEFAULT_REPORT_BUFFER_BYTES: usize = 64 << 20;
+/// How long a runner reuses a task's capabilities for the same module version: an egress
+/// change, a secret set or deleted reaches every runner's next tasks within this.
+pub const DEFAULT_CAPABILITIES_TTL: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerConfig {
@@ -82,6 +85,13 @@ pub struct WorkerConfig {
     pub module_cache_bytes: u64,
     pub maintenance: MaintenanceConfig,
     pub sandbox: SandboxConfig,
+    /// The key tenant secrets were sealed under (`SWEEP_SECRETS_KEY`). `None`: tasks whose
+    /// module names secrets fail as `secrets_unavailable` instead of running without them.
+    pub secrets_key: Option<crate::secrets::SecretsKey>,
+    /// How long a task's capabilities (its tenant's egress policy and HTTP limits, its
+    /// module's secrets) are reused for tasks of the same module version: a change to a
+    /// policy or secret reaches every runner within this (see `worker/capabilities.rs`).
+    pub capabilities_ttl: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -138,6 +148,8 @@ impl Default for WorkerConfig {
                 max_concurrency: (DEFAULT_CONCURRENCY + DEFAULT_SPARE_SLOTS) as u32,
                 ..SandboxConfig::default()
             },
+            secrets_key: None,
+            capabilities_ttl: DEFAULT_CAPABILITIES_TTL,
         }
     }
 }

@@ -4,6 +4,8 @@
 //! - [`sandbox`]: the wasmtime engine, module cache, per-task limits and outcome classification.
 //! - [`worker`]: the runner loop (claim -> run -> report), heartbeats, maintenance, shutdown.
 //! - [`admin`]: the HTTP admin API (warp): modules, tasks, tenants, stats, metrics.
+//! - [`secrets`]: tenant secrets sealed at rest (the deployment key) and redacted from what
+//!   a task leaves behind.
 //! - [`config`]: runner settings with defaults and cross-checks; [`args`]: their flags.
 //! - [`alloc`]: the binaries' global allocator (mimalloc; the system one in the compile child).
 
@@ -15,4 +17,5 @@ mod errors;
 pub mod metrics;
 pub mod queue;
 pub mod sandbox;
+pub mod secrets;
 pub mod worker;

@@ -60,6 +60,21 @@ pub const MODULE_COMPILE_CPU: &str = "sweep_module_compile_cpu_seconds";
 /// Gauge: peak resident bytes of the last compile in a child process.
 pub const MODULE_COMPILE_PEAK_RSS: &str = "sweep_module_compile_peak_rss_bytes";
 
+/// Counter, label [`LABEL_TENANT`]: attempts that ran, per tenant (usage, for billing).
+pub const TENANT_ATTEMPTS: &str = "sweep_tenant_attempts_total";
+/// Counter, label [`LABEL_TENANT`]: wall-clock milliseconds of the tenant's attempts.
+pub const TENANT_WALL: &str = "sweep_tenant_wall_milliseconds_total";
+/// Counter, label [`LABEL_TENANT`]: fuel the tenant's attempts used.
+pub const TENANT_FUEL: &str = "sweep_tenant_fuel_total";
+/// Counter, label [`LABEL_TENANT`]: outbound HTTP requests the tenant's attempts sent.
+pub const TENANT_HTTP_REQUESTS: &str = "sweep_tenant_http_requests_total";
+/// Counter, label [`LABEL_TENANT`]: outbound HTTP requests refused (egress policy, limits).
+pub const TENANT_HTTP_REFUSED: &str = "sweep_tenant_http_refused_total";
+/// Counter, label [`LABEL_TENANT`]: request body bytes the tenant's attempts sent.
+pub const TENANT_BYTES_SENT: &str = "sweep_tenant_http_sent_bytes_total";
+/// Counter, label [`LABEL_TENANT`]: response body bytes the tenant's attempts received.
+pub const TENANT_BYTES_RECEIVED: &str = "sweep_tenant_http_received_bytes_total";
+
 /// Label of [`TASK_OUTCOMES`].
 pub const LABEL_KIND: &str = "kind";
 pub const LABEL_TENANT: &str = "tenant";
@@ -155,6 +170,21 @@ fn describe() {
         "Module compiles started (uploads, first runs)."
     );
     describe_gauge!(MODULE_COMPILE_CPU, Unit::Seconds, "CPU time of the last child compile.");
+    describe_counter!(TENANT_ATTEMPTS, Unit::Count, "Attempts that ran, by tenant.");
+    describe_counter!(TENANT_WALL, Unit::Milliseconds, "Wall-clock time of attempts, by tenant.");
+    describe_counter!(TENANT_FUEL, Unit::Count, "Fuel attempts used, by tenant.");
+    describe_counter!(TENANT_HTTP_REQUESTS, Unit::Count, "Outbound HTTP requests, by tenant.");
+    describe_counter!(
+        TENANT_HTTP_REFUSED,
+        Unit::Count,
+        "Outbound HTTP requests refused by the egress policy or limits, by tenant."
+    );
+    describe_counter!(TENANT_BYTES_SENT, Unit::Bytes, "HTTP request body bytes sent, by tenant.");
+    describe_counter!(
+        TENANT_BYTES_RECEIVED,
+        Unit::Bytes,
+        "HTTP response body bytes received, by tenant."
+    );
     describe_gauge!(MODULE_COMPILE_PEAK_RSS, Unit::Bytes, "Peak RSS of the last child compile.");
 }
 

@@ -35,6 +35,7 @@
 //!   written or given up): a report that is never written lets its lease lapse.
 
 mod cancels;
+mod capabilities;
 mod execute;
 mod guests;
 mod intake;
@@ -104,6 +105,8 @@ pub struct Worker {
     sandbox: Sandbox,
     guests: Guests,
     modules: ModuleCache,
+    /// What each task is given (egress, HTTP limits, secrets), per module version.
+    capabilities: capabilities::CapabilityCache,
     config: Arc<WorkerConfig>,
     /// What ran, per minute, until maintenance adds it to the charts' counters.
     minutes: Arc<minutes::Tally>,
@@ -162,12 +165,15 @@ impl Worker {
         let store = store.clone();
         let modules = ModuleCache::with_max_bytes(sandbox.clone(), config.module_cache_bytes);
         let guests = Guests::start_default()?;
+        let capabilities =
+            capabilities::CapabilityCache::new(config.secrets_key.clone(), config.capabilities_ttl);
         Ok(Worker {
             id: Uuid::new_v4(),
             store,
             sandbox,
             guests,
             modules,
+            capabilities,
             config: Arc::new(config),
             minutes: Arc::default(),
         })
@@ -341,7 +347,7 @@ impl Worker {
 
     /// One claim lane: waits for room (free slots plus the buffer claimed ahead, see
     /// `intake`), claims up to that many due tasks (at most a batch), spawns each, and sleeps
-    /// on NOTIFY or the poll interval when nothing is due. While every slot is busy, a wake-up
+    /// on NOTIFY, the earliest due time it knows of, or the poll interval when nothing is due. While every slot is busy, a wake-up
     /// lets it claim into the spare slots instead. Several lanes keep several claims in flight,
     /// each with its own claim cursor and connection ([`LaneClaims`]). Returns how many tasks
     /// it claimed.
@@ -364,10 +370,11 @@ impl Worker {
                 Claimed::Tasks(n) => {
                     claimed_total += n;
                     if n == 0 && mode == ClaimMode::Fair {
+                        let idle = self.idle_wait(&mut held).await;
                         tokio::select! {
                             biased;
                             _ = stop.changed() => break,
-                            _ = lane.wakeups.wait(self.config.poll_interval) => {}
+                            _ = lane.wakeups.wait(idle) => {}
                         }
                     }
                 }
@@ -450,6 +457,23 @@ impl Worker {
         claimed
     }
 
+    /// How long a lane that found nothing due sleeps unless a wake-up comes first: until the
+    /// earliest due time the queue hints hold (`queue::next_due_in`), so a delayed task starts
+    /// at its `run_at`, and at most the poll interval. Asked on the lane's own connection, and
+    /// only after a claim that came back empty: a busy lane never sends it.
+    async fn idle_wait(&self, held: &mut LaneClaims) -> std::time::Duration {
+        let poll = self.config.poll_interval;
+        let Some(conn) = held.conn.as_mut() else { return poll };
+        match queue::next_due_in(conn, &self.config.task_types).await {
+            Ok(due) => due.map_or(poll, |d| d.min(poll)),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the next due time failed; polling instead");
+                held.conn = None;
+                poll
+            }
+        }
+    }
+
     fn spawn_task(&self, task: ClaimedTask, seat: Seat, hold: Hold, lane: &Lane) {
         let (id, attempt) = (task.id, task.attempt);
         let worker = self.clone();
@@ -480,6 +504,7 @@ impl Worker {
                         &control,
                         &worker.sandbox,
                         &worker.modules,
+                        &worker.capabilities,
                         &worker.config,
                         &worker.minutes,
                         task,

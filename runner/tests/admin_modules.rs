@@ -34,6 +34,7 @@ async fn upload_answers_201_with_version_hash_size_and_limits(
     assert_eq!(limits["timeout_ms"], 30_000);
     assert_eq!(limits["max_attempts"], 5);
     assert!(body["wasi_imports"].as_array().is_some_and(|i| !i.is_empty()));
+    assert_eq!(body["kind"], "module");
 
     // Same bytes, same limits: the same version, 200, nothing new.
     let again = api.put_wasm("/v1/modules/wordcount", OP, &bytes).await;
@@ -147,9 +148,34 @@ async fn modules_that_break_the_guest_contract_are_422_and_say_why(
     a.expect(422, "unknown_import");
     assert!(a.message().contains("sock_magic"));
 
+    // A component that is not a command: 422, naming what it exports instead.
+    let library = wat(r#"(component
+                           (core module $m (func (export "f") (result i32) i32.const 7))
+                           (core instance $i (instantiate $m))
+                           (func $f (result u32) (canon lift (core func $i "f")))
+                           (export "greet" (func $f)))"#);
+    let a = put(library).await;
+    a.expect(422, "missing_run_export");
+    assert!(a.message().contains("`wasi:cli/run`") && a.message().contains("greet"));
+
     // Nothing was stored by any of these.
     api.get("/v1/modules/bad", OP).await.expect(404, "not_found");
     put(tiny_command()).await.ok(201);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_component_uploads_like_a_module(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let api = api(&db);
+    let bytes = sweep_dev::modules::component_bytes("send-email");
+    let body = api.put_wasm("/v1/modules/send_email", OP, &bytes).await.ok(201).clone();
+    assert_eq!(body["kind"], "component");
+    assert_eq!(body["sha256"], sweep::sandbox::sha256_hex(&bytes));
+    let imports = body["wasi_imports"].as_array().cloned().unwrap_or_default();
+    assert!(
+        imports.iter().any(|i| i.as_str().is_some_and(|i| i.starts_with("wasi:http/"))),
+        "{imports:?}"
+    );
 }
 
 #[sqlx::test(migrations = false)]

@@ -165,6 +165,7 @@ async fn every_documented_query_parameter_is_accepted(_: PgPoolOptions, db: PgCo
                 _ if name == "state" => "pending",
                 _ if name == "payload" => "a=1",
                 _ if name == "since" || name == "until" => "2026-01-01T00:00:00Z",
+                _ if name == "from" || name == "to" => "2026-01-01",
                 _ => "t",
             };
             let url = format!("{}?{name}={value}", fill(&path));
@@ -296,6 +297,7 @@ async fn live_answers_validate_against_the_document(_: PgPoolOptions, db: PgConn
         operator_token: Some(OPERATOR.into()),
         max_json_bytes: 64 << 10,
         max_batch: 10,
+        secrets_key: Some(sweep::secrets::SecretsKey::generate().0),
         ..AdminConfig::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -610,6 +612,8 @@ async fn live_answers_validate_against_the_document(_: PgPoolOptions, db: PgConn
         ("get", "/v1/dead", None),
         ("get", "/v1/stats", None),
         ("get", "/v1/schedules", None),
+        ("get", "/v1/secrets", None),
+        ("get", "/v1/usage", None),
     ] {
         let (s, e) = c.call(method, template, &other(&fill(template)), t, body).await;
         assert_eq!(
@@ -618,6 +622,41 @@ async fn live_answers_validate_against_the_document(_: PgPoolOptions, db: PgConn
             "{template}"
         );
     }
+
+    // Egress, secrets, usage.
+    let egress = "/v1/tenants/{name}/egress";
+    let policy = json!({"allow": ["api.mail.example", "127.0.0.1:8025"], "max_requests": 5});
+    assert_eq!(c.get(egress, "/v1/tenants/acme/egress", t).await.0, 200);
+    assert_eq!(c.get(egress, "/v1/tenants/other/egress", t).await.0, 404);
+    assert_eq!(c.json("put", egress, "/v1/tenants/acme/egress", op, &policy).await.0, 200);
+    assert_eq!(c.json("put", egress, "/v1/tenants/acme/egress", t, &policy).await.0, 403);
+    let bad = json!({"allow": ["https://x.example"]});
+    assert_eq!(c.json("put", egress, "/v1/tenants/acme/egress", op, &bad).await.0, 422);
+    assert_eq!(c.json("put", egress, "/v1/tenants/acme/egress", op, &json!({})).await.0, 400);
+    let secret = "/v1/secrets/{name}";
+    let value = json!({"value": "s3cr3t-value"});
+    assert_eq!(c.json("put", secret, "/v1/secrets/MAIL_API_KEY", t, &value).await.0, 201);
+    assert_eq!(c.json("put", secret, "/v1/secrets/MAIL_API_KEY", t, &value).await.0, 200);
+    let huge = json!({"value": "x".repeat(20_000)});
+    assert_eq!(c.json("put", secret, "/v1/secrets/BIG", t, &huge).await.0, 413);
+    assert_eq!(c.json("put", secret, "/v1/secrets/SWEEP_X", t, &value).await.0, 422);
+    assert_eq!(c.json("put", secret, "/v1/secrets/a-b", t, &value).await.0, 400);
+    let (s, listed) = c.get("/v1/secrets", "/v1/secrets", t).await;
+    assert_eq!((s, listed["secrets"][0]["name"].as_str()), (200, Some("MAIL_API_KEY")));
+    let (s, _) =
+        c.call("put", up, "/v1/modules/mail?secrets=MAIL_API_KEY", t, wasm(module("noop"))).await;
+    assert_eq!(s, 201);
+    let (s, _) = c.call("put", up, "/v1/modules/mail?secrets=NOPE", t, wasm(module("noop"))).await;
+    assert_eq!(s, 422);
+    assert_eq!(c.call("delete", secret, "/v1/secrets/MAIL_API_KEY", t, None).await.0, 200);
+    assert_eq!(c.call("delete", secret, "/v1/secrets/MAIL_API_KEY", t, None).await.0, 404);
+    let usage = "/v1/usage";
+    let (s, used) = c.get(usage, usage, t).await;
+    assert_eq!(s, 200);
+    assert!(used["totals"].as_array().is_some_and(|t| !t.is_empty()), "{used}");
+    assert_eq!(c.get(usage, "/v1/usage?from=2026-02-01&to=2026-01-01", t).await.0, 422);
+    assert_eq!(c.get(usage, "/v1/usage?from=soon", t).await.0, 400);
+    assert_eq!(c.get(usage, "/v1/usage?tenant=other", t).await.0, 403);
 
     // Every operation answered at least once, and once with success.
     for route in Route::ALL {

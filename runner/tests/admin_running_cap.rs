@@ -54,6 +54,7 @@ async fn complete(pool: &PgPool, runner: Uuid, tasks: &[queue::ClaimedTask]) {
             module_sha256: None,
             logs: None,
             follow_ups: Vec::new(),
+            usage: None,
         })
         .collect();
     let lost = queue::complete_batch(pool, runner, &done).await.expect("complete");

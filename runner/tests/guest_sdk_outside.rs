@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sweep::sandbox::{Limits, Outcome, TaskInput};
+use sweep::sandbox::{Capabilities, Limits, Outcome, TaskInput};
 use sweep_dev::testing::shared_sandbox;
 
 /// The handler crate's manifest, as docs/guests.md shows it (`{sdk}`: the SDK's path).
@@ -121,6 +121,7 @@ async fn a_handler_crate_outside_the_workspace_builds_and_runs() {
         attempt: 2,
         max_attempts: 5,
         payload: serde_json::to_vec(&payload).unwrap(),
+        capabilities: Capabilities::none(),
     };
     let ran = sandbox.run(&module, &input(json!({"name": "Ada"})), &limits).await;
     match ran.outcome {

@@ -93,6 +93,7 @@ async fn drain(store: &Store, lanes: usize, total: usize) -> usize {
                         retry_delay: Duration::ZERO,
                         detail: json!({}),
                         module_sha256: None,
+                        usage: None,
                     })
                     .collect();
                 let report = queue::fail_batch(&store, me, &failures).await.unwrap();

@@ -42,6 +42,7 @@ async fn ended_tasks_notify_their_waiters_and_only_them(_: PgPoolOptions, db: Pg
         module_sha256: None,
         logs: None,
         follow_ups: Vec::new(),
+        usage: None,
     };
     let failed = |t: &queue::ClaimedTask, permanent: bool| Failure {
         id: t.id,
@@ -52,6 +53,7 @@ async fn ended_tasks_notify_their_waiters_and_only_them(_: PgPoolOptions, db: Pg
         retry_delay: Duration::from_secs(60),
         detail: json!({}),
         module_sha256: None,
+        usage: None,
     };
     // c is not marked: its completion sends nothing.
     queue::complete_batch(&pool, runner, &[done(&c), done(&a)]).await.unwrap();

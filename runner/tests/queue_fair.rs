@@ -147,6 +147,7 @@ async fn a_low_weight_tenant_is_never_starved(_: PgPoolOptions, db: PgConnectOpt
             module_sha256: None,
             logs: None,
             follow_ups: Vec::new(),
+            usage: None,
         };
         assert!(queue::complete_batch(&pool, owner, &[done]).await.unwrap().is_empty());
         let next = claim(&pool, runner, 1).await;
@@ -310,6 +311,7 @@ async fn a_drained_queue_is_found_again(_: PgPoolOptions, db: PgConnectOptions) 
         retry_delay: std::time::Duration::ZERO,
         detail: json!({}),
         module_sha256: None,
+        usage: None,
     };
     let report = queue::fail_batch(&pool, runner, &[failure]).await.unwrap();
     assert_eq!(report.retrying, vec![first[0].id]);
@@ -401,7 +403,7 @@ async fn more_due_queues_than_a_claim_looks_at_are_all_served(
 ) {
     let db = migrated(db).await;
     let pool = db.pool();
-    // A claim looks at a window of 2 * limit + 16 due queues; with 300 of them every claim is
+    // A claim looks at a window of limit + 16 due queues; with 300 of them every claim is
     // still full while work is due (drained queues leave the window at once) and all of it is
     // claimed in exactly as many claims as it takes.
     for t in 0..300 {
@@ -413,4 +415,35 @@ async fn more_due_queues_than_a_claim_looks_at_are_all_served(
     }
     assert!(claim(&pool, runner, 50).await.is_empty());
     assert_eq!(running_by_tenant(&pool).await.len(), 300);
+}
+
+/// Two runners' spare-slot claims at the same moment: the first admits the newly due queue
+/// and holds its try-lock until it commits; the second gets no slot for it meanwhile, and after
+/// the commit sees the first one's task running.
+#[sqlx::test(migrations = false)]
+async fn two_runners_spare_slots_do_not_both_admit_a_newly_due_queue(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    backlog(&pool, "flood", "spin", 100).await;
+    let (a, b) = (new_runner(), new_runner());
+    assert_eq!(claim(&pool, a, 4).await.len(), 4);
+    backlog(&pool, "newcomer", "small", 5).await;
+
+    let mut first = pool.begin().await.expect("begin");
+    let by_a =
+        queue::claim(&mut *first, a, 4, &[], LEASE, ClaimMode::Starved).await.expect("claim");
+    assert_eq!(by_a.iter().map(|c| c.tenant.as_str()).collect::<Vec<_>>(), vec!["newcomer"]);
+    let mut second = pool.begin().await.expect("begin");
+    let by_b =
+        queue::claim(&mut *second, b, 4, &[], LEASE, ClaimMode::Starved).await.expect("claim");
+    assert!(by_b.is_empty(), "a's claim is in flight: {by_b:?}");
+    second.rollback().await.expect("rollback");
+    first.commit().await.expect("commit");
+
+    // Committed: newcomer got exactly one spare slot between the two runners.
+    let running = running_by_tenant(&pool).await;
+    assert_eq!((count(&running, "flood"), count(&running, "newcomer")), (4, 1));
 }

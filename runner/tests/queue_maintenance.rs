@@ -162,6 +162,7 @@ async fn stats_count_by_tenant_type_and_state(_: PgPoolOptions, db: PgConnectOpt
             retry_delay: Duration::from_secs(60),
             detail: json!({}),
             module_sha256: None,
+            usage: None,
         })
         .collect();
     queue::fail_batch(&pool, runner, &failures).await.unwrap();

@@ -21,6 +21,7 @@ fn failure(c: &ClaimedTask, permanent: bool, delay: Duration) -> Failure {
         retry_delay: delay,
         detail: json!({ "duration_ms": 12, "fuel_used": 345 }),
         module_sha256: Some("abc".into()),
+        usage: None,
     }
 }
 
@@ -32,6 +33,7 @@ fn success(c: &ClaimedTask, result: Value) -> Completion {
         module_sha256: Some("sha".into()),
         logs: None,
         follow_ups: Vec::new(),
+        usage: None,
     }
 }
 

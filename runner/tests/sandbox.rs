@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sweep::sandbox::{
-    AllocatorKind, CompiledModule, Limits, Outcome, Sandbox, SandboxConfig, TaskInput, TrapCause,
-    CAPACITY_WAIT,
+    AllocatorKind, Capabilities, CompiledModule, Limits, Outcome, Sandbox, SandboxConfig,
+    TaskInput, TrapCause, Usage, CAPACITY_WAIT,
 };
 
 const WASI: &str = "wasi_snapshot_preview1";
@@ -151,7 +151,12 @@ async fn echo_success_round_trips_json() -> anyhow::Result<()> {
         let payload = json!({"n": 3, "s": "héllo"});
         let exec = sb.run(&module, &input(payload.clone()), &limits()).await;
         assert_eq!(exec.outcome, Outcome::Success(payload));
-        assert!(exec.fuel_used > 0 && exec.fuel_used < limits().fuel);
+        assert!(exec.usage.fuel_used > 0 && exec.usage.fuel_used < limits().fuel);
+        // One 64 KiB page, never grown; no HTTP.
+        assert_eq!(
+            exec.usage,
+            Usage { fuel_used: exec.usage.fuel_used, peak_memory_bytes: 65536, ..Usage::default() }
+        );
         assert_eq!(exec.failure_message(), None);
     }
     Ok(())
@@ -215,6 +220,24 @@ async fn guest_sees_only_sweep_env_and_no_args() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn given_variables_follow_the_sweep_ones() -> anyhow::Result<()> {
+    let module = compile(sandbox(true), ENV_TO_STDERR)?;
+    let mut input = input(json!(null));
+    input.capabilities = Capabilities {
+        env: vec![("MAIL_API_KEY".into(), "k-123".into()), ("EMPTY".into(), String::new())],
+        ..Capabilities::none()
+    };
+    let out = sandbox(true).run(&module, &input, &limits()).await.outcome;
+    let Outcome::HandlerError { message, .. } = out else {
+        anyhow::bail!("expected a handler error, got {out:?}");
+    };
+    let vars: Vec<&str> = message.split('\0').filter(|v| !v.is_empty()).collect();
+    assert_eq!(vars[4..], ["MAIL_API_KEY=k-123", "EMPTY="]);
+    assert_eq!(vars.len(), 6);
+    Ok(())
+}
+
+#[tokio::test]
 async fn spinning_guest_with_big_fuel_times_out() -> anyhow::Result<()> {
     let limits = Limits { fuel: u64::MAX / 2, timeout: Duration::from_millis(300), ..limits() };
     for sb in both() {
@@ -229,7 +252,7 @@ async fn spinning_guest_with_small_fuel_runs_out() -> anyhow::Result<()> {
         let module = compile(sb, SPIN)?;
         let exec = sb.run(&module, &input(json!(null)), &limits()).await;
         assert_eq!(exec.outcome, Outcome::OutOfFuel);
-        assert_eq!(exec.fuel_used, limits().fuel);
+        assert_eq!(exec.usage.fuel_used, limits().fuel);
     }
     Ok(())
 }
@@ -237,7 +260,11 @@ async fn spinning_guest_with_small_fuel_runs_out() -> anyhow::Result<()> {
 #[tokio::test]
 async fn growing_past_the_limit_is_memory_limit() -> anyhow::Result<()> {
     for sb in both() {
-        assert_eq!(run(sb, GROW, limits()).await?, Outcome::MemoryLimit);
+        let module = compile(sb, GROW)?;
+        let exec = sb.run(&module, &input(json!(null)), &limits()).await;
+        assert_eq!(exec.outcome, Outcome::MemoryLimit);
+        // 1 page, then 1 MiB steps up to the limit (4 MiB): the last that fits is the peak.
+        assert_eq!(exec.usage.peak_memory_bytes, 65536 + 3 * (1 << 20));
     }
     Ok(())
 }

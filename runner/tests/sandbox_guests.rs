@@ -10,7 +10,9 @@ mod common;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sweep::sandbox::{CompiledModule, Execution, Limits, Outcome, Sandbox, TaskInput};
+use sweep::sandbox::{
+    Capabilities, CompiledModule, Execution, Limits, Outcome, Sandbox, TaskInput,
+};
 
 const C_WORDCOUNT: &str = "c-wordcount";
 const ZIG_CHECKSUM: &str = "zig-checksum";
@@ -43,6 +45,7 @@ async fn run_raw(
         attempt: 2,
         max_attempts: 5,
         payload: payload.to_vec(),
+        capabilities: Capabilities::none(),
     };
     sb.run(module, &input, &limits).await
 }
@@ -116,7 +119,7 @@ async fn c_wordcount_counts_the_payload_text_and_logs_to_stderr() {
                 text.lines().count()
             );
             assert_eq!(exec.stderr.trim(), log, "{text:?}: stderr is the guest's log");
-            assert!(exec.fuel_used > 0 && exec.fuel_used < limits().fuel);
+            assert!(exec.usage.fuel_used > 0 && exec.usage.fuel_used < limits().fuel);
         }
     }
 }

@@ -43,7 +43,15 @@ fn validation_rejects_bad_modules_with_typed_errors() -> anyhow::Result<()> {
 
     assert!(matches!(check(b"hello, world"), Some(ValidationError::NotWasm)));
     assert!(matches!(check(b""), Some(ValidationError::NotWasm)));
-    assert!(matches!(check(b"\0asm\x0d\x00\x01\x00"), Some(ValidationError::NotCoreModule)));
+    assert!(matches!(check(b"\0asm\x02\x00\x00\x00"), Some(ValidationError::NotCoreModule)));
+    // The empty component: valid, but not a command.
+    match check(b"\0asm\x0d\x00\x01\x00") {
+        Some(e @ ValidationError::MissingRunExport { .. }) => assert_eq!(
+            e.to_string(),
+            "component does not export `wasi:cli/run` (a WASI 0.2 command, such as a `main` built for wasm32-wasip2); it exports: nothing"
+        ),
+        other => panic!("expected a missing run export, got {other:?}"),
+    }
     assert!(matches!(check(b"\0asm\x01\x00\x00\x00\xff\xff"), Some(ValidationError::Compile(_))));
 
     let no_start = wat::parse_str(r#"(module (func (export "main")))"#)?;

@@ -231,6 +231,7 @@ async fn a_cancel_racing_the_report_has_one_winner(_: PgPoolOptions, db: PgConne
                     retry_delay: Duration::from_secs(60),
                     detail: json!({}),
                     module_sha256: None,
+                    usage: None,
                 };
                 let r = queue::fail_batch(&pool, runner, &[failure]).await.unwrap();
                 assert!(r.lost.is_empty(), "{r:?}");

@@ -196,3 +196,29 @@ async fn a_newly_due_task_type_starts_while_long_tasks_hold_every_slot(
     assert_eq!(held().await, 2, "the spare slot went to the new type, not to a third sleeper");
     runner.stop().await;
 }
+
+/// A runner that finds nothing due sleeps until the earliest due time the queue hints hold,
+/// not for its poll interval: with a poll interval far longer than the test may take, delayed
+/// tasks still start once due, and none before.
+#[sqlx::test(migrations = false)]
+async fn delayed_tasks_start_when_due_not_at_the_next_poll(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    register(&pool, "wordcount", "wordcount", ModuleSettings::default()).await;
+    let poll = Duration::from_secs(600);
+    let config = sweep::config::WorkerConfig { poll_interval: poll, ..test_config() };
+    let runner = start_worker(&db, config);
+    let task =
+        |ms| NewTask::new("wordcount", json!({"text": "later"})).delay(Duration::from_millis(ms));
+    // Two delays: the runner wakes for the first, then sleeps again until the second.
+    let first = queue::enqueue(&pool, task(300)).await.expect("enqueue").id;
+    let second = queue::enqueue(&pool, task(900)).await.expect("enqueue").id;
+    for id in [first, second] {
+        let t = wait_settled(&pool, id).await;
+        assert_eq!(t.state, TaskState::Succeeded);
+        let (run_at, started) = (t.run_at.expect("run_at"), t.started_at.expect("started"));
+        let late = (started - run_at).to_std().expect("started no earlier than its run_at");
+        assert!(late < poll / 2, "task {id} started {late:?} after its run_at");
+    }
+    runner.stop().await;
+}

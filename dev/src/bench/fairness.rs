@@ -6,8 +6,13 @@
 //!   enqueue-to-start latency (database clock) in both phases;
 //! - shares: three backlogged tenants with weights 1, 1 and 2 running tasks that hold a slot
 //!   for 100 ms; each one's share of the held slots, sampled every 100 ms;
-//! - cost: draining the same number of no-op tasks owned by one tenant and by 1,000, with
-//!   10,000 tenants in the table either way;
+//! - cost: draining the same number of no-op tasks owned by one tenant and by 1,000 and
+//!   10,000 (20 and 2 tasks each at the defaults), with 10,000 tenants in the table each time;
+//!   with `pg_stat_statements` preloaded on the server, the statements that took the most
+//!   time in each drain;
+//! - delayed: tasks enqueued with a delay on an idle runner, how late each starts after its
+//!   `run_at`; and a wave of tasks that all become due at one instant, drained against the
+//!   same tasks enqueued already due;
 //! - control plane: admin API latency (enqueue over HTTP) and heartbeat intervals with the
 //!   runner idle and with every slot spinning.
 
@@ -39,14 +44,21 @@ pub struct FairnessArgs {
     #[arg(long, default_value_t = 100_000)]
     pub flood: usize,
     /// No-op tasks drained in each run of the cost scenario.
-    #[arg(long, default_value_t = 50_000)]
+    #[arg(long, default_value_t = 20_000)]
     pub cost_tasks: usize,
-    /// Tenants with due work in the many-tenant run of the cost scenario.
-    #[arg(long, default_value_t = 1_000)]
-    pub busy_tenants: usize,
+    /// Tenants with due work in the many-tenant runs of the cost scenario (one run each,
+    /// against one tenant with the same tasks).
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000, 10_000])]
+    pub busy_tenants: Vec<usize>,
     /// Tenants in the table in the cost scenario (the rest have nothing due).
     #[arg(long, default_value_t = 10_000)]
     pub all_tenants: usize,
+    /// Delayed tasks in the lateness part of the delayed scenario (delays 200 ms to 2 s).
+    #[arg(long, default_value_t = 200)]
+    pub delayed: usize,
+    /// Tasks in the wave of the delayed scenario, all due at one instant.
+    #[arg(long, default_value_t = 40_000)]
+    pub wave: usize,
     /// Seconds the shares scenario samples for.
     #[arg(long, default_value_t = 10)]
     pub share_secs: u64,
@@ -63,6 +75,7 @@ pub enum Scenario {
     Shares,
     Cost,
     Control,
+    Delayed,
 }
 
 const SPIN_MS: i64 = 2_000;
@@ -87,6 +100,9 @@ pub async fn fairness(url: &str, modules: &Path, args: &FairnessArgs) -> anyhow:
     }
     if run(Scenario::Control) {
         control_plane(url, modules, &config).await?;
+    }
+    if run(Scenario::Delayed) {
+        super::delayed::delayed(url, &config, args.delayed, args.wave).await?;
     }
     Ok(())
 }
@@ -220,48 +236,68 @@ async fn shares(
 
 async fn cost(url: &str, config: &WorkerConfig, args: &FairnessArgs) -> anyhow::Result<()> {
     let one = drain(url, config, args, 1).await?;
-    let many = drain(url, config, args, args.busy_tenants).await?;
+    let mut many = Vec::new();
+    for &busy in &args.busy_tenants {
+        many.push((busy, drain(url, config, args, busy).await?));
+    }
     println!();
     println!(
         "cost: {} no-op tasks (empty guest) drained, {} tenants in the table",
         args.cost_tasks, args.all_tenants
     );
-    println!("  {:<36} {:>10}", "tenants with due work", "tasks/s");
-    println!("  {:<36} {:>10.0}", "1", one);
-    println!("  {:<36} {:>10.0}", args.busy_tenants, many);
-    println!(
-        "  target: {} tenants >= 0.8 x one tenant: {:.2}x {}",
-        args.busy_tenants,
-        many / one,
-        verdict(many / one >= 0.8)
-    );
+    println!("  {:<24} {:>10} {:>8}  target", "tenants with due work", "tasks/s", "ratio");
+    println!("  {:<24} {:>10.0} {:>8}", "1", one.rate, "");
+    for (busy, drained) in &many {
+        // 0.8x up to 1,000 due tenants, 0.6x beyond (issue 32's targets).
+        let target = if *busy <= 1_000 { 0.8 } else { 0.6 };
+        let ratio = drained.rate / one.rate;
+        println!(
+            "  {:<24} {:>10.0} {:>7.2}x  >= {target}x: {}",
+            busy,
+            drained.rate,
+            ratio,
+            verdict(ratio >= target)
+        );
+    }
+    for (busy, drained) in std::iter::once((1, &one)).chain(many.iter().map(|(b, d)| (*b, d))) {
+        if drained.statements.is_empty() {
+            continue;
+        }
+        println!("  statements by total time, {busy} tenant(s) (pg_stat_statements):");
+        println!("    {:>7} {:>9} {:>8} {:>7}  query", "calls", "total ms", "mean ms", "rows");
+        for (calls, total, mean, rows, query) in &drained.statements {
+            println!("    {calls:>7} {total:>9.1} {mean:>8.3} {rows:>7}  {query}");
+        }
+    }
     Ok(())
 }
 
-/// Drains `args.cost_tasks` no-op tasks spread over `busy` tenants; returns tasks/s.
+struct Drained {
+    rate: f64,
+    statements: Vec<(i64, f64, f64, i64, String)>,
+}
+
+/// Drains `args.cost_tasks` no-op tasks spread over `busy` tenants; returns tasks/s and, when
+/// the server has `pg_stat_statements`, the statements that took the most time meanwhile.
 async fn drain(
     url: &str,
     config: &WorkerConfig,
     args: &FairnessArgs,
     busy: usize,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Drained> {
     let store = fresh_database(url).await?;
     let pool = store.pool().clone();
     fixtures::add_idle_tenants(&pool, "idle", args.all_tenants.saturating_sub(busy)).await?;
     let noop = crate::modules::empty_module();
-    let mut tasks = Vec::with_capacity(args.cost_tasks);
-    for t in 0..busy {
-        let tenant = format!("busy{t}");
-        admin::create_tenant(&pool, &tenant, &TenantCaps::default()).await?;
-        register(&pool, &tenant, "noop", &noop, ModuleSettings::default()).await?;
-    }
-    for i in 0..args.cost_tasks {
-        tasks.push(NewTask::new("noop", json!({ "i": i })).tenant(format!("busy{}", i % busy)));
-    }
+    fixtures::add_busy_tenants(&pool, "busy", busy, "noop", &sha256_hex(&noop), &noop).await?;
+    let tasks: Vec<NewTask> = (0..args.cost_tasks)
+        .map(|i| NewTask::new("noop", json!({ "i": i })).tenant(format!("busy{}", i % busy)))
+        .collect();
     for chunk in tasks.chunks(10_000) {
         queue::enqueue_many(&pool, chunk).await?;
     }
     fixtures::vacuum_tasks(&pool, true).await?;
+    let stats = fixtures::statement_stats_reset(&pool).await;
     let started = Instant::now();
     let runner = Running::start(&store, config.clone())?;
     while fixtures::any_unfinished(&pool).await? {
@@ -269,7 +305,11 @@ async fn drain(
     }
     let secs = started.elapsed().as_secs_f64();
     runner.stop().await?;
-    Ok(args.cost_tasks as f64 / secs)
+    let statements = match stats {
+        Some(()) => fixtures::statement_stats_top(&pool, 6).await?,
+        None => Vec::new(),
+    };
+    Ok(Drained { rate: args.cost_tasks as f64 / secs, statements })
 }
 
 async fn control_plane(url: &str, modules: &Path, config: &WorkerConfig) -> anyhow::Result<()> {
@@ -481,7 +521,7 @@ where
     Ok(())
 }
 
-fn verdict(met: bool) -> &'static str {
+pub(super) fn verdict(met: bool) -> &'static str {
     if met {
         "met"
     } else {

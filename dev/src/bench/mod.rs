@@ -13,6 +13,8 @@
 //!   follow-ups against a bulk enqueue (see `bench/workflow.rs`).
 //! - `compile`: the costliest module the compile limits admit, against a `sweep run`
 //!   process (see `bench/compile.rs`).
+//! - `claim-scale`: the fair claim's cost against the number of due tenants (see
+//!   `bench/claim_scale.rs`).
 //! - `memory`, `module-footprint`: a runner's memory with 10,000 module versions run, and
 //!   what one compiled module costs (see `bench/memory.rs`).
 //!
@@ -36,8 +38,10 @@ use sweep::args::{default_modules_dir, WorkerArgs};
 
 use crate::fixtures;
 
+pub mod claim_scale;
 pub mod compile;
 pub mod cpu;
+pub mod delayed;
 pub mod enqueue;
 pub mod fairness;
 pub mod memory;
@@ -120,6 +124,8 @@ pub enum BenchMode {
     /// Workflow overhead: a 3-level workflow's drain against as many independent tasks, and
     /// a completion's follow-ups against a bulk enqueue (ratios in one run).
     Workflow(workflow::WorkflowArgs),
+    /// The fair claim's cost against the number of due tenants (claims rolled back).
+    ClaimScale(claim_scale::ClaimScaleArgs),
 }
 
 const ENQUEUE_CHUNK: usize = 10_000;
@@ -133,6 +139,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchMode::Compile(compile) => return compile::compile(url, &compile).await,
         BenchMode::Memory(memory) => return memory::memory(url, &memory).await,
         BenchMode::ModuleFootprint(footprint) => return memory::footprint(&footprint).await,
+        BenchMode::ClaimScale(scale) => return claim_scale::claim_scale(url, &scale).await,
         mode => mode,
     };
     let store = fresh_database(url).await?;
@@ -164,6 +171,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchMode::Compile(compile) => compile::compile(url, &compile).await,
         BenchMode::Memory(memory) => memory::memory(url, &memory).await,
         BenchMode::ModuleFootprint(footprint) => memory::footprint(&footprint).await,
+        BenchMode::ClaimScale(scale) => claim_scale::claim_scale(url, &scale).await,
     }
 }
 

@@ -6,6 +6,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::secrets::SecretsKey;
+
 /// Where `sweep admin` and `sweep run` serve the API unless told otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7070";
 /// Largest module upload, before any tenant cap.
@@ -35,6 +37,9 @@ pub struct AdminConfig {
     pub max_batch: usize,
     pub validation_timeout: Duration,
     pub max_concurrent_validations: usize,
+    /// The key tenant secrets are sealed under (`SWEEP_SECRETS_KEY`). `None`: secrets cannot
+    /// be set (503); listing and deleting them still work.
+    pub secrets_key: Option<SecretsKey>,
 }
 
 impl Default for AdminConfig {
@@ -47,6 +52,7 @@ impl Default for AdminConfig {
             max_batch: DEFAULT_MAX_BATCH,
             validation_timeout: DEFAULT_VALIDATION_TIMEOUT,
             max_concurrent_validations: DEFAULT_MAX_CONCURRENT_VALIDATIONS,
+            secrets_key: None,
         }
     }
 }
@@ -61,6 +67,7 @@ impl fmt::Debug for AdminConfig {
             .field("max_batch", &self.max_batch)
             .field("validation_timeout", &self.validation_timeout)
             .field("max_concurrent_validations", &self.max_concurrent_validations)
+            .field("secrets_key", &self.secrets_key.as_ref().map(SecretsKey::id))
             .finish()
     }
 }

@@ -159,6 +159,8 @@ impl From<ValidationError> for ApiError {
             ValidationError::MissingMemoryExport => "missing_memory_export",
             ValidationError::ForbiddenImport { .. } => "forbidden_import",
             ValidationError::UnknownImport { .. } => "unknown_import",
+            ValidationError::MissingRunExport { .. } => "missing_run_export",
+            ValidationError::ComponentLink(_) => "component_link",
             ValidationError::MemoryTooLarge { .. } => "memory_too_large",
             ValidationError::LimitExceeded(_) => "module_limit_exceeded",
             _ => "invalid_module",

@@ -21,9 +21,12 @@ use warp::{Filter, Rejection};
 
 use super::auth::{authenticate, Caller};
 use super::body;
+use super::capability_models::{EgressRequest, SecretRequest};
 use super::enqueue_input;
 use super::error::{recover, ApiError};
-use super::handlers::{modules, ops, queues, schedules, tasks, tenants, workflows, Answer};
+use super::handlers::{
+    egress, modules, ops, queues, schedules, secrets, tasks, tenants, usage, workflows, Answer,
+};
 use super::models::{
     ActivateRequest, CancelTasksRequest, CapsRequest, CreateScheduleRequest, CreateWorkflowRequest,
     EnqueueRequest, RateLimitRequest, WeightRequest,
@@ -75,11 +78,17 @@ pub enum Route {
     WorkflowList,
     WorkflowShow,
     WorkflowCancel,
+    TenantEgress,
+    TenantEgressSet,
+    SecretPut,
+    SecretList,
+    SecretDelete,
+    Usage,
 }
 
 impl Route {
     /// Every route, in the order the server tries them.
-    pub const ALL: [Route; 37] = [
+    pub const ALL: [Route; 43] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
@@ -117,6 +126,12 @@ impl Route {
         Route::WorkflowList,
         Route::WorkflowShow,
         Route::WorkflowCancel,
+        Route::TenantEgress,
+        Route::TenantEgressSet,
+        Route::SecretPut,
+        Route::SecretList,
+        Route::SecretDelete,
+        Route::Usage,
     ];
 
     /// The documented path template, methods and operation, from the handler's
@@ -176,6 +191,12 @@ impl Route {
             Route::WorkflowList => of::<workflows::__path_list>(),
             Route::WorkflowShow => of::<workflows::__path_show>(),
             Route::WorkflowCancel => of::<workflows::__path_cancel>(),
+            Route::TenantEgress => of::<egress::__path_show>(),
+            Route::TenantEgressSet => of::<egress::__path_set>(),
+            Route::SecretPut => of::<secrets::__path_put>(),
+            Route::SecretList => of::<secrets::__path_list>(),
+            Route::SecretDelete => of::<secrets::__path_delete>(),
+            Route::Usage => of::<usage::__path_usage>(),
         }
     }
 
@@ -524,6 +545,60 @@ impl Route {
                 .and(auth())
                 .and_then(|id, state, caller| async move {
                     respond(workflows::cancel(state, caller, id).await)
+                })
+                .boxed(),
+            Route::TenantEgress => warp::path!("v1" / "tenants" / PathText / "egress")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and_then(|PathText(name), state, caller| async move {
+                    respond(egress::show(state, caller, name).await)
+                })
+                .boxed(),
+            Route::TenantEgressSet => warp::path!("v1" / "tenants" / PathText / "egress")
+                .and(warp::put())
+                .and(with(state))
+                .and(auth())
+                .and(body::json::<EgressRequest>(json_limit))
+                .and_then(|PathText(name), state, caller, request| async move {
+                    respond(egress::set(state, caller, name, request).await)
+                })
+                .boxed(),
+            Route::SecretPut => warp::path!("v1" / "secrets" / PathText)
+                .and(warp::put())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and(body::json::<SecretRequest>(json_limit))
+                .and_then(|PathText(name), state, caller, q, request| async move {
+                    respond(secrets::put(state, caller, name, q, request).await)
+                })
+                .boxed(),
+            Route::SecretList => warp::path!("v1" / "secrets")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|state, caller, q| async move {
+                    respond(secrets::list(state, caller, q).await)
+                })
+                .boxed(),
+            Route::SecretDelete => warp::path!("v1" / "secrets" / PathText)
+                .and(warp::delete())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|PathText(name), state, caller, q| async move {
+                    respond(secrets::delete(state, caller, name, q).await)
+                })
+                .boxed(),
+            Route::Usage => warp::path!("v1" / "usage")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|state, caller, q| async move {
+                    respond(usage::usage(state, caller, q).await)
                 })
                 .boxed(),
         }

@@ -9,6 +9,7 @@
 //! Files: `config` (settings), `auth` (tokens, callers, tenant scoping), `body` (size-limited
 //! bodies), `json_input` (request JSON read as the OpenAPI document describes it),
 //! `enqueue_input` (enqueue bodies; the batch read in one pass, errors naming index and field),
+//! `capability_models` (bodies of the egress, secrets and usage routes),
 //! `params` (query and path parameters, module limits), `turns` (one compile per tenant),
 //! `models` (JSON bodies), `handlers/*` (one file per resource; shared helpers in
 //! `handlers/mod.rs`), `filters` (route table), `openapi` (the OpenAPI document built from that
@@ -28,6 +29,7 @@
 
 mod auth;
 mod body;
+mod capability_models;
 mod config;
 mod enqueue_input;
 mod error;

@@ -372,8 +372,15 @@ pub struct UploadResponse {
     /// False when identical bytes and limits were already registered (that version is
     /// active again).
     pub created: bool,
+    /// `module` (WASI preview 1, `wasm32-wasip1`) or `component` (WASI 0.2, `wasm32-wasip2`),
+    /// told from the binary.
+    pub kind: String,
+    /// A module's WASI functions (`fd_write`) or a component's interfaces
+    /// (`wasi:http/outgoing-handler@0.2.6`), in import order.
     pub wasi_imports: Vec<String>,
     pub limits: EffectiveLimits,
+    /// The tenant secrets this version receives as environment variables.
+    pub secrets: Vec<String>,
 }
 
 /// `GET /v1/modules` and `GET /v1/modules/{task_type}`.

@@ -18,6 +18,10 @@ use utoipa::{Modify, OpenApi, ToResponse};
 use warp::http::{header, HeaderValue, StatusCode};
 use warp::reply::{Reply, Response};
 
+use super::capability_models::{
+    EgressRequest, EgressResponse, HttpLimitsView, SecretRequest, SecretsResponse, UsageResponse,
+    UsageTotal,
+};
 use super::error::ErrorResponse;
 use super::filters::Route;
 use super::models::{
@@ -88,6 +92,16 @@ pub const BEARER: &str = "bearer";
             WorkflowsResponse,
             WorkflowSummary,
             WorkflowCancel,
+            EgressRequest,
+            EgressResponse,
+            HttpLimitsView,
+            SecretRequest,
+            SecretsResponse,
+            crate::queue::SecretInfo,
+            UsageResponse,
+            crate::queue::UsageDay,
+            UsageTotal,
+            crate::queue::AttemptUsage,
         ),
         responses(
             BadRequest,
@@ -107,7 +121,8 @@ pub const BEARER: &str = "bearer";
         (name = "modules", description = "Handler modules: upload, versions, rollback"),
         (name = "tasks", description = "Enqueue, show and cancel tasks"),
         (name = "dead", description = "The dead-letter table"),
-        (name = "tenants", description = "Tenants, weights, caps and tokens"),
+        (name = "tenants", description = "Tenants, weights, caps, tokens and egress policies"),
+        (name = "secrets", description = "Tenant secrets: set, list (names only), delete"),
         (name = "schedules", description = "Cron schedules: a task per tick"),
         (name = "queues", description = "Flow control of a task type: pause, resume, rate limit"),
         (name = "workflows", description = "Named steps with dependencies, created together"),
@@ -258,7 +273,9 @@ pub struct UnsupportedMediaType(ErrorResponse);
 /// memory limit, limits above the runner maxima or tenant caps, an invalid task, a task type
 /// without a module, an out-of-range value. Codes: `not_wasm`, `invalid_wasm`,
 /// `not_core_module`, `missing_start`, `bad_start_signature`, `missing_memory_export`,
-/// `forbidden_import`, `unknown_import`, `memory_too_large`, `module_limit_exceeded` (over a
+/// `forbidden_import`, `unknown_import`, `missing_run_export` (a component without
+/// `wasi:cli/run`; the message lists what it exports), `component_link` (a component import
+/// the runner does not provide, named), `memory_too_large`, `module_limit_exceeded` (over a
 /// structural limit or the compile budget; the message names the limit and the value),
 /// `validation_timeout`,
 /// `limit_too_high`, `invalid_backoff`, `invalid_task`, `unknown_task_type`,

@@ -23,6 +23,7 @@ use crate::queue::{
     MAX_MAX_ATTEMPTS,
 };
 use crate::sandbox::{LimitOverrides, Limits, SandboxConfig};
+use crate::secrets::MAX_MODULE_SECRETS;
 
 const MIB: u64 = 1024 * 1024;
 /// Longest backoff a module may ask for.
@@ -178,6 +179,78 @@ pub struct ScheduleNamePath {
     /// and `:`.
     #[param(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
     pub name: String,
+}
+
+/// `{name}` in a secret's path, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SecretNamePath {
+    /// The secret's name, the environment variable the guest sees: a letter or `_`, then up to
+    /// 127 letters, digits and `_`. Names starting with `SWEEP_` are the runner's own (422).
+    #[param(pattern = "^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+    pub name: String,
+}
+
+/// `GET /v1/usage` query, as documented.
+#[allow(dead_code)] // only describes the parameters; the route parses them
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct UsageParams {
+    /// First day, UTC (default: the first of `to`'s month).
+    #[param(nullable = false, value_type = Option<String>, format = Date)]
+    pub from: Option<String>,
+    /// Last day, UTC, included (default: today). At most 366 days after `from`.
+    #[param(nullable = false, value_type = Option<String>, format = Date)]
+    pub to: Option<String>,
+    /// Only this task type.
+    #[param(nullable = false, pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
+    pub task_type: Option<String>,
+}
+
+/// `PUT /v1/modules/{task_type}?secrets=...`, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SecretsParam {
+    /// The tenant's secrets this version receives as environment variables, comma-separated
+    /// (at most 32; each must exist, else 422).
+    #[param(
+        nullable = false,
+        pattern = "^[A-Za-z_][A-Za-z0-9_]{0,127}(,[A-Za-z_][A-Za-z0-9_]{0,127}){0,31}$"
+    )]
+    pub secrets: Option<String>,
+}
+
+/// A secret name from a path or a query: malformed is 400, `SWEEP_...` (well-formed but the
+/// runner's own) 422.
+pub fn check_secret_name(name: &str) -> Result<(), ApiError> {
+    crate::queue::validate_secret_name(name).map_err(|e| {
+        if e.is_reserved() {
+            ApiError::unprocessable("reserved_secret_name", e.to_string())
+        } else {
+            ApiError::bad_request("invalid_secret_name", e.to_string())
+        }
+    })
+}
+
+/// `?secrets=A,B` of an upload: the names, each checked, without repeats; more than
+/// [`MAX_MODULE_SECRETS`] is a 422.
+pub fn secret_names(raw: &str) -> Result<Vec<String>, ApiError> {
+    let mut names: Vec<String> = Vec::new();
+    for name in raw.split(',') {
+        check_secret_name(name)?;
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_owned());
+        }
+    }
+    if names.len() > MAX_MODULE_SECRETS {
+        return Err(ApiError::unprocessable(
+            "too_many_secrets",
+            format!("a module names at most {MAX_MODULE_SECRETS} secrets, got {}", names.len()),
+        ));
+    }
+    Ok(names)
 }
 
 /// `GET /v1/tasks/{id}` query, as documented.

@@ -1,10 +1,12 @@
-//! Client commands: `module`, `enqueue`, `task`, `schedule`, `stats`, `dead`, `queue` talk to the admin API over
+//! Client commands: `module`, `enqueue`, `task`, `schedule`, `stats`, `dead`, `queue`,
+//! `secret`, `usage` talk to the admin API over
 //! HTTP (`--url`/`SWEEP_URL`, `--token`/`SWEEP_TOKEN`) and print tables, or the API's JSON
 //! with `--json`. `admin` and `tenant` (in `operator`) work on the database directly.
 //!
 //! Invariant: the client adds nothing the API does not check itself; an API error is printed
 //! as the API worded it, with its code.
 
+mod capabilities;
 mod flow;
 mod operator;
 mod print;
@@ -19,6 +21,7 @@ use reqwest::{Method, RequestBuilder};
 use serde_json::{json, Value};
 
 // `AdminServerArgs` is for `sweep run` too, which serves the API next to its runner.
+pub use capabilities::{secret, usage, SecretCommand, UsageArgs};
 pub use flow::{queue, QueueCommand};
 pub use operator::{admin, tenant, AdminArgs, AdminServerArgs, TenantCommand};
 pub use queue::{dead, enqueue, stats, task, DeadCommand, EnqueueArgs, StatsArgs, TaskCommand};
@@ -129,7 +132,7 @@ pub enum ModuleCommand {
 pub struct UploadArgs {
     /// Task type the module handles.
     pub task_type: String,
-    /// The module, built for wasm32-wasip1.
+    /// The handler: a module built for wasm32-wasip1 or a component built for wasm32-wasip2.
     pub file: PathBuf,
     /// Fuel per task (default: the runner's).
     #[arg(long)]
@@ -152,6 +155,10 @@ pub struct UploadArgs {
     /// Most tasks of this type running at once across all runners.
     #[arg(long)]
     pub max_running: Option<u64>,
+    /// Tenant secrets the handler receives as environment variables (comma-separated or
+    /// repeated; each must exist: `sweep secret set NAME` first).
+    #[arg(long, value_delimiter = ',')]
+    pub secrets: Vec<String>,
     /// (Operator) upload for this tenant instead of `default`.
     #[arg(long)]
     pub tenant: Option<String>,
@@ -217,6 +224,9 @@ async fn upload(args: UploadArgs) -> anyhow::Result<()> {
             query.push((name, v.to_string()));
         }
     }
+    if !args.secrets.is_empty() {
+        query.push(("secrets", args.secrets.join(",")));
+    }
     let request = api
         .request(Method::PUT, &format!("/v1/modules/{}", args.task_type))
         .query(&query)
@@ -244,6 +254,10 @@ async fn upload(args: UploadArgs) -> anyhow::Result<()> {
         print::bytes(l["output_bytes"].as_u64().unwrap_or(0)),
         l["max_attempts"],
     );
+    if let Some(names) = a["secrets"].as_array().filter(|n| !n.is_empty()) {
+        let names: Vec<String> = names.iter().map(print::cell).collect();
+        println!("secrets (as environment variables): {}", names.join(", "));
+    }
     Ok(())
 }
 
@@ -262,8 +276,20 @@ fn print_modules(answer: &Value) {
                 print::bytes(m["size"].as_u64().unwrap_or(0)),
                 print::short(&print::cell(&m["sha256"]), 13),
                 print::time(&m["created_at"]),
+                secret_names(&m["secrets"]),
             ]
         })
         .collect();
-    print::table(&["TENANT", "TASK_TYPE", "VERSION", "ACTIVE", "SIZE", "SHA256", "CREATED"], &rows);
+    let headers =
+        ["TENANT", "TASK_TYPE", "VERSION", "ACTIVE", "SIZE", "SHA256", "CREATED", "SECRETS"];
+    print::table(&headers, &rows);
+}
+
+fn secret_names(v: &Value) -> String {
+    let names: Vec<String> = v.as_array().into_iter().flatten().map(print::cell).collect();
+    if names.is_empty() {
+        "-".to_owned()
+    } else {
+        names.join(",")
+    }
 }

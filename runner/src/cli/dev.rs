@@ -83,7 +83,13 @@ async fn serve_dev(
     pg: Option<&LocalPostgres>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let config = serve::worker_config(&args.worker)?;
+    let mut config = serve::worker_config(&args.worker)?;
+    if config.secrets_key.is_none() {
+        // A key for this session only: secrets set now cannot be opened by a later session
+        // with another key (their tasks then fail as secrets_unavailable, saying so).
+        let (key, _) = sweep::secrets::SecretsKey::generate();
+        config.secrets_key = Some(key);
+    }
     queue::migrate(url).await.context("migrating the database")?;
     let listen = args.worker.listen_options().context("invalid --listen-url (SWEEP_LISTEN_URL)")?;
     let connect = StoreOptions { listen, ..StoreOptions::default() };

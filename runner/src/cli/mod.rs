@@ -2,7 +2,8 @@
 //! parsed here, once, into the library's plain config structs.
 //!
 //! Server-side commands (`migrate`, `run`, `demo`, `dev`) talk to Postgres directly; client
-//! commands (`tenant`, `module`, `enqueue`, `task`, `stats`, `dead`) talk to the admin API.
+//! commands (`tenant`, `module`, `enqueue`, `task`, `stats`, `dead`, `secret`, `usage`) talk
+//! to the admin API.
 
 mod client;
 mod demo;
@@ -101,6 +102,12 @@ pub enum Command {
     /// Flow control of a task type: pause, resume.
     #[command(subcommand)]
     Queue(client::QueueCommand),
+    /// Set, list and delete tenant secrets (handlers get the ones their module names as
+    /// environment variables).
+    #[command(subcommand)]
+    Secret(client::SecretCommand),
+    /// What tasks used (attempts, wall time, fuel, memory, HTTP), per tenant, task type and day.
+    Usage(client::UsageArgs),
     /// Internal: compile the module on stdin to stdout under a CPU and memory budget (the
     /// runner and the admin API start this for every compile).
     #[command(name = "compile-module", hide = true)]
@@ -115,6 +122,18 @@ pub struct CompileModuleArgs {
     /// RLIMIT_AS, in bytes.
     #[arg(long)]
     pub memory_bytes: u64,
+}
+
+/// The key tenant secrets are sealed under, from `SWEEP_SECRETS_KEY` (the environment only: an
+/// argument would show in `ps`). Unset or empty: none.
+pub fn secrets_key_from_env() -> anyhow::Result<Option<sweep::secrets::SecretsKey>> {
+    use sweep::secrets::{SecretsKey, KEY_ENV};
+    match std::env::var(KEY_ENV) {
+        Ok(text) if text.trim().is_empty() => Ok(None),
+        Ok(text) => Ok(Some(SecretsKey::parse(&text)?)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => anyhow::bail!(sweep::secrets::BadKey),
+    }
 }
 
 /// Where this binary compiles modules: in a child process of itself.
@@ -141,6 +160,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Stats(args) => client::stats(args).await,
         Command::Dead(command) => client::dead(command).await,
         Command::Queue(command) => client::queue(command).await,
+        Command::Secret(command) => client::secret(command).await,
+        Command::Usage(args) => client::usage(args).await,
         // main runs it before any runtime starts; here only for completeness.
         Command::CompileModule(args) => std::process::exit(sweep::sandbox::compile_module_main(
             args.cpu_secs,

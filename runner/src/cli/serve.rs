@@ -67,6 +67,7 @@ pub struct RunArgs {
 pub fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
     let mut config = args.to_config();
     config.sandbox.compiler = super::child_compiler()?;
+    config.secrets_key = super::secrets_key_from_env()?;
     Ok(config)
 }
 
@@ -144,6 +145,7 @@ impl Runner {
         admin: Option<&AdminServerArgs>,
     ) -> anyhow::Result<Runner> {
         config.validate().context("invalid runner settings")?;
+        let secrets_key = config.secrets_key.clone();
         let store = open_waiting(connect, url, Role::Runner, pool_size(&config))
             .await
             .context("opening the database")?;
@@ -155,12 +157,14 @@ impl Runner {
                 let admin_store = open_waiting(&admin_connect, url, Role::Admin, ADMIN_CONNECTIONS)
                     .await
                     .context("opening the database for the admin API")?;
+                // The API seals secrets under the key the runner opens them with.
+                let config = admin::AdminConfig { secrets_key, ..args.to_config() };
                 // Built before the runner starts, so the metrics recorder sees every task.
                 let state = AdminState::for_runner(
                     &admin_store,
                     worker.sandbox().clone(),
                     worker.modules().clone(),
-                    args.to_config(),
+                    config,
                 )
                 .context("setting up the admin API")?;
                 let listener = tokio::net::TcpListener::bind(args.admin_addr)

@@ -116,6 +116,26 @@ pub async fn claim_from<'c, E: PgExecutor<'c>>(
     Ok(rows.into_iter().map(ClaimRow::into_task).collect())
 }
 
+/// How long until the earliest waiting task that a claim of `task_types` (empty: any type)
+/// could take becomes due, from the queue hints: `None` when no unpaused queue has a hint in
+/// the future. Measured on the database's clock (`clock_timestamp()`), so the caller sleeps a
+/// relative duration and runners' clocks never enter. A claimer that found nothing due sleeps
+/// until then (or until a wake-up) instead of its whole poll interval, so a delayed task starts
+/// at its `run_at`, not up to a poll interval later.
+///
+/// A hint may be early (its queue emptied by a claim that could not lock the row to raise it):
+/// the claimer then wakes, finds nothing, and looks again, at a cost of one claim; a hint is
+/// never later than the queue's earliest waiting task but for a lowering in flight, which its
+/// enqueue's notification covers.
+pub async fn next_due_in<'c, E: PgExecutor<'c>>(
+    executor: E,
+    task_types: &[String],
+) -> Result<Option<Duration>, QueueError> {
+    let secs: Option<f64> =
+        sqlx::query_scalar(NEXT_DUE).bind(task_types).fetch_optional(executor).await?;
+    Ok(secs.map(|s| Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO)))
+}
+
 /// How long a claimer goes on from its cursor before it claims from the head of the queue
 /// again. A task that became due behind the cursor (enqueued by a transaction that started
 /// earlier, released or rescued with its old `run_at`) waits at most this long while the
@@ -318,6 +338,16 @@ const CLAIM_FROM: &str = concat!(
     "#
 );
 
+// Through `queues_next_due` (migrations/0005_fair_scale.sql): the first hint after now().
+const NEXT_DUE: &str = r#"
+    select greatest(extract(epoch from q.next_run_at - clock_timestamp()), 0)::float8
+    from sweep.queues q
+    where q.next_run_at is not null and not q.paused and q.next_run_at > now()
+      and (cardinality($1::text[]) = 0 or q.task_type = any($1::text[]))
+    order by q.next_run_at
+    limit 1
+    "#;
+
 const HEARTBEAT: &str = concat!(
     r#"
     with beat as (
@@ -382,7 +412,7 @@ const RELEASE: &str = concat!(
 );
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] =
-    statements![CLAIM, CLAIM_FROM, HEARTBEAT, CANCEL_REQUESTS, RELEASE];
+    statements![CLAIM, CLAIM_FROM, NEXT_DUE, HEARTBEAT, CANCEL_REQUESTS, RELEASE];
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,10 @@
 //! `sweep_parents_ended` (runner/sql/dependencies.sql), which decides the children waiting for
 //! it (the `children` CTE): one index probe per task when it has none.
 //!
+//! Usage: a report's [`AttemptUsage`] is kept with the attempt (`finished_tasks.usage` for a
+//! success, the history entry for a failure) and added to the day's totals by the same
+//! statement (`usage_cte!`, see `usage.rs`).
+//!
 //! Cancels: a report of an attempt a cancel was requested for (`cancel_requested_at`, see
 //! `dead.rs`) ends the task `cancelled` whatever the attempt did, in the same statement: the
 //! history gets an entry of kind `cancelled` (with `ended_as`, what the attempt did on its own,
@@ -22,8 +26,8 @@ use sqlx::{types::Json, PgExecutor};
 use uuid::Uuid;
 
 use super::{
-    sql_millis, types::Schedule, FailureKind, NewTask, QueueError, TaskId, TaskState,
-    DEFAULT_MAX_ATTEMPTS,
+    sql_millis, types::Schedule, AttemptUsage, FailureKind, NewTask, QueueError, TaskId,
+    TaskState, DEFAULT_MAX_ATTEMPTS,
 };
 use chrono::{DateTime, Utc};
 
@@ -50,6 +54,9 @@ pub struct Completion {
     /// Tasks to enqueue with the success (the handler's `$enqueue`, taken out of `result` and
     /// checked: `follow_ups.rs`), as tasks of this task's tenant; none for a cancelled one.
     pub follow_ups: Vec<NewTask>,
+    /// What the attempt used (`None`: not measured): kept as `finished_tasks.usage` and
+    /// added to the day's totals.
+    pub usage: Option<AttemptUsage>,
 }
 
 /// A failed attempt. Build the retry delay with [`super::RetryPolicy`]; the queue decides
@@ -65,6 +72,9 @@ pub struct Failure {
     /// Extra fields merged into the history entry (duration_ms, fuel_used, ...). An object.
     pub detail: Value,
     pub module_sha256: Option<String>,
+    /// What the attempt used (`None`: not measured, as for a reaped lease): written into the
+    /// history entry and added to the day's totals.
+    pub usage: Option<AttemptUsage>,
 }
 
 /// What became of a batch of failures.
@@ -193,6 +203,8 @@ struct CompletionFields<'a> {
     logs: Option<&'a str>,
     #[serde(skip_serializing_if = "<[FollowUpFields]>::is_empty")]
     follow_ups: Vec<FollowUpFields<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<AttemptUsage>,
 }
 
 /// A follow-up as the spawning statement reads it (every field present).
@@ -236,6 +248,7 @@ impl KeyedReport for Completion {
             sha: self.module_sha256.as_deref(),
             logs: self.logs.as_deref(),
             follow_ups: self.follow_ups.iter().map(FollowUpFields::from).collect(),
+            usage: self.usage,
         }
     }
 }
@@ -248,9 +261,12 @@ struct FailureFields<'a> {
     sha: Option<&'a str>,
     /// The history entry, without its time (the statement adds `at` from the database clock).
     entry: HistoryEntry<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<AttemptUsage>,
 }
 
-/// `{"attempt", "kind", "message"}` followed by the fields of the failure's `detail` object.
+/// The fields of the failure's `detail` object, then its usage's (`duration_ms`, `fuel_used`,
+/// ...), then `{"attempt", "kind", "message"}`.
 struct HistoryEntry<'a>(&'a Failure);
 
 impl Serialize for HistoryEntry<'_> {
@@ -258,10 +274,16 @@ impl Serialize for HistoryEntry<'_> {
         let f = self.0;
         let detail = f.detail.as_object();
         let mut map = serializer.serialize_map(None)?;
+        let usage = f.usage.map(|u| serde_json::to_value(u).unwrap_or_default());
+        let usage = usage.as_ref().and_then(Value::as_object);
         for (key, value) in detail.into_iter().flatten() {
-            if !matches!(key.as_str(), "attempt" | "kind" | "message" | "at") {
+            let reserved = matches!(key.as_str(), "attempt" | "kind" | "message" | "at");
+            if !reserved && !usage.is_some_and(|u| u.contains_key(key)) {
                 map.serialize_entry(key, value)?;
             }
+        }
+        for (key, value) in usage.into_iter().flatten() {
+            map.serialize_entry(key, value)?;
         }
         map.serialize_entry("attempt", &f.attempt)?;
         map.serialize_entry("kind", &f.kind)?;
@@ -282,6 +304,7 @@ impl KeyedReport for Failure {
             delay_ms: sql_millis(self.retry_delay),
             sha: self.module_sha256.as_deref(),
             entry: HistoryEntry(self),
+            usage: self.usage,
         }
     }
 }
@@ -333,12 +356,15 @@ macro_rules! complete_statement {
                    $3::jsonb) as changed
         from done
     ),"#,
+            usage_cte!("done", succeeded),
+            ",",
             $($ctes)*
             r#"
     moved as (
         insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority,
                                     attempts, max_attempts, run_at, dedup_key, last_error,
-                                    errors, result, module_sha256, logs, created_at, started_at)
+                                    errors, result, module_sha256, logs, created_at, started_at,
+                                    usage)
         select id, tenant, task_type, payload,
                case when cancel_requested_at is null then "#,
             state!(succeeded),
@@ -365,7 +391,7 @@ macro_rules! complete_statement {
             $($result)*
             r#" end,
                coalesce(report ->> 'sha', module_sha256), report ->> 'logs', created_at,
-               started_at
+               started_at, report -> 'usage'
         from done cross join children "#,
             $($from)*
             r#"
@@ -460,7 +486,7 @@ const FAIL: &str = concat!(
                 lease_expires_at = null,
                 updated_at = now()
             where t.id = any(array(select id from fenced where not dies and not stops))
-            returning t.id, t.tenant, t.task_type, t.run_at
+            returning t.id, t.tenant, t.task_type, t.run_at, $3::jsonb -> t.id::text as report
         ),
         killed as (
             delete from sweep.tasks t
@@ -526,6 +552,14 @@ const FAIL: &str = concat!(
             from stopped cross join children
             returning id
         ),
+        "#,
+    usage_cte!(
+        "(select tenant, task_type, report from retried
+          union all select tenant, task_type, report from killed
+          union all select tenant, task_type, report from stopped) failed_attempts",
+        failed
+    ),
+    r#",
         "#,
     wake_queues_cte!("retried"),
     r#"

@@ -177,7 +177,7 @@ pub struct AttemptError {
     pub attempt: i32,
     /// `handler_error`, `out_of_fuel`, `timeout`, `memory_limit`, `stack_overflow`, `trap`,
     /// `output_too_large`, `invalid_output`, `module_missing`, `lease_expired`, `runner_error`,
-    /// `cancelled`.
+    /// `cancelled`, `secrets_unavailable`.
     pub kind: String,
     pub message: String,
     #[schema(nullable = false)]
@@ -192,6 +192,19 @@ pub struct AttemptError {
     /// The handler's exit code (`handler_error`).
     #[schema(nullable = false)]
     pub exit_code: Option<i32>,
+    /// Largest linear memory the attempt held, in bytes.
+    #[schema(nullable = false)]
+    pub peak_memory_bytes: Option<i64>,
+    /// Outbound HTTP requests the attempt sent, and those refused (egress policy, limits).
+    #[schema(nullable = false)]
+    pub http_requests: Option<i64>,
+    #[schema(nullable = false)]
+    pub http_refused: Option<i64>,
+    /// HTTP body bytes the attempt sent and received.
+    #[schema(nullable = false)]
+    pub bytes_sent: Option<i64>,
+    #[schema(nullable = false)]
+    pub bytes_received: Option<i64>,
     /// The runner whose lease expired (`lease_expired`, and `cancelled` when the cancel took
     /// effect as the lease was reaped).
     #[schema(nullable = false)]
@@ -245,6 +258,10 @@ pub struct TaskView {
     /// The stderr tail of the successful attempt (failed attempts keep theirs in `errors`).
     #[schema(required)]
     pub logs: Option<String>,
+    /// What the successful attempt used (failed attempts keep theirs in `errors`); `null`
+    /// while the task is live, for a dead task, or when it was not measured.
+    #[schema(required, value_type = Option<crate::queue::AttemptUsage>)]
+    pub usage: Option<Value>,
     #[schema(required)]
     pub finished_at: Option<DateTime<Utc>>,
     /// Set while a cancel of the running attempt is under way: the task will end
@@ -474,20 +491,21 @@ const GET_TASK: &str = concat!(
     r#"
     select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
            dedup_key, last_error, errors, null as result, module_sha256, created_at,
-           started_at, null as logs, null as finished_at, cancel_requested_at, blocked_on
+           started_at, null as logs, null::jsonb as usage, null as finished_at,
+           cancel_requested_at, blocked_on
     from sweep.tasks where id = $1 and ($2::text is null or tenant = $2)
     union all
     select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
            dedup_key, last_error, errors, result, module_sha256, created_at, started_at,
-           logs, finished_at, null as cancel_requested_at, null::int4 as blocked_on
+           logs, usage, finished_at, null as cancel_requested_at, null::int4 as blocked_on
     from sweep.finished_tasks where id = $1 and ($2::text is null or tenant = $2)
     union all
     select id, tenant, task_type, "#,
     state!(dead),
     r#" as state, payload, priority, attempts,
            max_attempts, null as run_at, dedup_key, last_error, errors, null as result,
-           module_sha256, created_at, started_at, null as logs, died_at as finished_at,
-           null as cancel_requested_at, null::int4 as blocked_on
+           module_sha256, created_at, started_at, null as logs, null::jsonb as usage,
+           died_at as finished_at, null as cancel_requested_at, null::int4 as blocked_on
     from sweep.dead_tasks where id = $1 and ($2::text is null or tenant = $2)
     "#
 );

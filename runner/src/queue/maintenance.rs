@@ -94,6 +94,7 @@ fn rescued_failures(rescued: &[RescuedTask], default_policy: RetryPolicy) -> Vec
                 .delay(u32::try_from(t.attempt).unwrap_or(0), &mut rng),
             detail: serde_json::json!({ "runner": t.previous_owner }),
             module_sha256: None,
+            usage: None,
         })
         .collect()
 }
@@ -184,11 +185,14 @@ pub async fn prune_runners<'c, E: PgExecutor<'c>>(
     Ok(done.rows_affected())
 }
 
-/// Recomputes the hint of every queue whose hint says nothing is due yet, and corrects those
-/// that are wrong. The backstop for the one case the hint protocol lets slip (two writers
-/// lowering one hint at the same moment, the second skipped), for tasks written by hand, and
-/// for anything else that leaves a hint late. Queues whose hint is already due are left to
-/// the claims, which correct them when they come up short. Returns how many were corrected.
+/// Recomputes the hint of every queue with waiting tasks whose hint says nothing is due yet,
+/// and corrects those that are wrong. The backstop for the one case the hint protocol lets slip
+/// (two writers lowering one hint at the same moment, the second skipped), for tasks written by
+/// hand, and for anything else that leaves a hint late. Queues whose hint is already due are
+/// left to the claims, which correct them when they come up short; queues with nothing waiting
+/// are not read at all (a hint left early there costs one claim's probe), so a pass costs one
+/// index descent per queue with waiting tasks, not one hint computation per queue. Returns how
+/// many were corrected.
 pub async fn repair_queue_hints<'c, E: PgExecutor<'c>>(executor: E) -> Result<u64, QueueError> {
     // Found without locks, then corrected under FOR UPDATE SKIP LOCKED with a fresh look taken
     // after the lock, the same protocol as the claim's (see runner/sql/wake_queues.sql).
@@ -237,18 +241,50 @@ const VACUUM_LIVE: &str = r#"vacuum (skip_locked) sweep.tasks"#;
 const PRUNE_RUNNERS: &str =
     r#"delete from sweep.runners where last_heartbeat_at < now() - $1 * interval '1 millisecond'"#;
 
-const REPAIR_HINTS: &str = r#"
-    with wrong as (
-        select q.tenant, q.task_type from sweep.queues q
+// The queues that have waiting tasks, by a loose index scan of `tasks_queue` (one descent per
+// queue, skipping each queue's tasks), so idle queues cost nothing however many there are;
+// each queue row and its lock by key.
+const REPAIR_HINTS: &str = concat!(
+    r#"
+    with recursive waiting (tenant, task_type) as (
+        (select t.tenant, t.task_type from sweep.tasks t
+         where t.state in "#,
+    state!(waiting),
+    r#"
+         order by t.tenant, t.task_type
+         limit 1)
+        union all
+        select n.tenant, n.task_type
+        from waiting w
+        cross join lateral (
+            select t.tenant, t.task_type from sweep.tasks t
+            where t.state in "#,
+    state!(waiting),
+    r#"
+              and (t.tenant, t.task_type) > (w.tenant, w.task_type)
+            order by t.tenant, t.task_type
+            limit 1
+        ) n
+    ),
+    wrong as (
+        select q.tenant, q.task_type
+        from waiting w
+        cross join lateral (
+            select q.tenant, q.task_type, q.next_run_at from sweep.queues q
+            where q.tenant = w.tenant and q.task_type = w.task_type
+        ) q
         where (q.next_run_at is null or q.next_run_at > now())
           and q.next_run_at is distinct from
               sweep.sweep_queue_next_run_at(q.tenant, q.task_type, '{}')
     ),
     locked as (
-        select q.ctid, q.tenant, q.task_type from sweep.queues q
-        join wrong w on w.tenant = q.tenant and w.task_type = q.task_type
-        order by q.tenant, q.task_type
-        for update of q skip locked
+        select l.ctid, w.tenant, w.task_type
+        from (select tenant, task_type from wrong order by tenant, task_type) w
+        cross join lateral (
+            select q.ctid from sweep.queues q
+            where q.tenant = w.tenant and q.task_type = w.task_type
+            for update skip locked
+        ) l
     )
     update sweep.queues q set next_run_at = fresh.next_run_at
     from locked l
@@ -256,7 +292,8 @@ const REPAIR_HINTS: &str = r#"
         select sweep.sweep_queue_next_run_at(l.tenant, l.task_type, '{}') as next_run_at
     ) fresh
     where q.ctid = l.ctid
-    "#;
+    "#
+);
 
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] =

@@ -114,6 +114,8 @@ macro_rules! wake_queues_cte {
 
 #[macro_use]
 mod vocab;
+#[macro_use]
+mod usage;
 
 mod batch;
 mod claim;
@@ -121,6 +123,7 @@ mod complete;
 mod copy;
 mod cron;
 mod dead;
+mod egress;
 mod enqueue;
 mod error;
 mod flow;
@@ -134,6 +137,7 @@ mod pooler;
 mod retry;
 mod runners;
 mod schedules;
+mod secrets;
 mod sessions;
 #[cfg(test)]
 mod statements_tests;
@@ -147,8 +151,8 @@ mod workflows;
 
 pub use batch::{CheckedTasks, MAX_BATCH};
 pub use claim::{
-    cancel_requests, claim, claim_batch, claim_from, heartbeat_leases, release_batch, ClaimCursor,
-    ClaimMode,
+    cancel_requests, claim, claim_batch, claim_from, heartbeat_leases, next_due_in, release_batch,
+    ClaimCursor, ClaimMode,
 };
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
 pub use copy::COPY_MIN_BATCH;
@@ -157,6 +161,7 @@ pub use dead::{
     cancel, cancel_matching, delete_tasks, get_task, list_dead, requeue, watch_task, AttemptError,
     BulkCancel, Cancel, DeadTask, TaskView, DONE_CHANNEL,
 };
+pub use egress::{get_egress, set_egress, TenantEgress};
 pub use enqueue::{
     enqueue, enqueue_checked, enqueue_many, enqueue_many_using, enqueue_many_within,
     enqueue_within, EnqueueMethod,
@@ -182,7 +187,7 @@ pub use minutes::{
 };
 pub use modules::{
     activate_version, active_module_shas, list_versions, module_bytes, register_module,
-    ModuleSettings, ModuleVersion, Registered,
+    register_module_with_secrets, ModuleSettings, ModuleVersion, Registered,
 };
 pub use notify::{CancelRequest, Wakeups, CANCEL_CHANNEL, NOTIFY_CHANNEL};
 pub use pooler::{Conn, Connects};
@@ -192,6 +197,10 @@ pub use schedules::{
     create_schedule, delete_schedule, get_schedule, list_schedules, pause_schedule,
     resume_schedule, run_due_schedules, tick_key, validate_schedule_name, CronSchedule,
     InvalidSchedule, NewSchedule, ScheduleError, TickReport, MAX_SCHEDULE_NAME_LEN,
+};
+pub use secrets::{
+    delete_secret, list_secrets, missing_secrets, put_secret, task_capabilities,
+    validate_secret_name, InvalidSecretName, PutSecret, SecretInfo, TaskCapabilityRows,
 };
 pub use sessions::{close_ui_session, find_ui_session, open_ui_session, UiSession};
 pub use stats::{queue_stats, TypeStats};
@@ -208,6 +217,7 @@ pub use types::{
     OnParentFailure, Schedule, TaskId, DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_DEDUP_KEY_LEN,
     MAX_MAX_ATTEMPTS, MAX_PARENTS,
 };
+pub use usage::{usage_days, AttemptUsage, UsageDay, MAX_USAGE_DAYS};
 pub use views::{
     count_tasks, list_queues, list_tasks, payload_match, throughput_last_hour, MinuteCounts,
     QueueRow, StateCounts, TaskFilter, TaskRow, COUNT_CAP,
@@ -230,6 +240,7 @@ pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)>
         complete::STATEMENTS,
         copy::STATEMENTS,
         dead::STATEMENTS,
+        egress::STATEMENTS,
         enqueue::STATEMENTS,
         flow::STATEMENTS,
         follow_ups::STATEMENTS,
@@ -239,11 +250,13 @@ pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)>
         modules::STATEMENTS,
         runners::STATEMENTS,
         schedules::STATEMENTS,
+        secrets::STATEMENTS,
         sessions::STATEMENTS,
         stats::STATEMENTS,
         store::STATEMENTS,
         tenants::STATEMENTS,
         tokens::STATEMENTS,
+        usage::STATEMENTS,
         views::STATEMENTS,
         workflows::STATEMENTS,
     ]

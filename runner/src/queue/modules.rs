@@ -44,6 +44,8 @@ pub struct ModuleVersion {
     #[sqlx(flatten)]
     #[serde(flatten)]
     pub settings: ModuleSettings,
+    /// The tenant secrets this version receives as environment variables (named at upload).
+    pub secrets: Vec<String>,
     pub active: bool,
     pub created_at: DateTime<Utc>,
 }
@@ -59,6 +61,7 @@ pub struct Registered {
 
 /// Registers `bytes` (already validated by the sandbox) as the next version of the handler
 /// for `(tenant, task_type)` and activates it, or re-activates the identical existing version.
+/// The version receives no secrets; see [`register_module_with_secrets`].
 pub async fn register_module<'c, A>(
     conn: A,
     tenant: &str,
@@ -70,10 +73,32 @@ pub async fn register_module<'c, A>(
 where
     A: Connects<'c>,
 {
+    register_module_with_secrets(conn, tenant, task_type, sha256, bytes, settings, &[]).await
+}
+
+/// [`register_module`] for a version that receives the tenant's secrets named in `secrets`
+/// (checked to exist by the caller; sorted and deduplicated here, so the same set is the same
+/// version whatever its order).
+pub async fn register_module_with_secrets<'c, A>(
+    conn: A,
+    tenant: &str,
+    task_type: &str,
+    sha256: &str,
+    bytes: &[u8],
+    settings: &ModuleSettings,
+    secrets: &[String],
+) -> Result<Registered, QueueError>
+where
+    A: Connects<'c>,
+{
+    let mut secrets = secrets.to_vec();
+    secrets.sort_unstable();
+    secrets.dedup();
     let mut conn = conn.connect().await?;
     // Two concurrent uploads can pick the same next version number; the loser retries.
     for _ in 0..5 {
-        match insert_version(&mut conn, tenant, task_type, sha256, bytes, settings).await {
+        let version = (tenant, task_type, sha256, bytes);
+        match insert_version(&mut conn, version, settings, &secrets).await {
             Ok((version, created)) => {
                 let module = get_version(&mut conn, tenant, task_type, version).await?;
                 return Ok(Registered { module, created });
@@ -87,11 +112,9 @@ where
 
 async fn insert_version<'c, E: PgExecutor<'c>>(
     executor: E,
-    tenant: &str,
-    task_type: &str,
-    sha256: &str,
-    bytes: &[u8],
+    (tenant, task_type, sha256, bytes): (&str, &str, &str, &[u8]),
     s: &ModuleSettings,
+    secrets: &[String],
 ) -> Result<(i32, bool), sqlx::Error> {
     sqlx::query_as(INSERT_VERSION)
         .bind(tenant)
@@ -105,6 +128,7 @@ async fn insert_version<'c, E: PgExecutor<'c>>(
         .bind(s.backoff_base_ms)
         .bind(s.backoff_cap_ms)
         .bind(s.max_running)
+        .bind(secrets)
         .fetch_one(executor)
         .await
 }
@@ -183,15 +207,15 @@ const INSERT_VERSION: &str = r#"
           and fuel is not distinct from $5 and timeout_ms is not distinct from $6
           and memory_bytes is not distinct from $7 and max_attempts is not distinct from $8
           and backoff_base_ms is not distinct from $9 and backoff_cap_ms is not distinct from $10
-          and max_running is not distinct from $11
+          and max_running is not distinct from $11 and secrets = $12::text[]
     ),
     created as (
         insert into sweep.modules (tenant, task_type, version, sha256, bytes, fuel, timeout_ms,
                              memory_bytes, max_attempts, backoff_base_ms, backoff_cap_ms,
-                             max_running)
+                             max_running, secrets)
         select $1, $2,
                coalesce((select max(version) from sweep.modules where tenant = $1 and task_type = $2), 0) + 1,
-               $3, $4, $5, $6, $7, $8, $9, $10, $11
+               $3, $4, $5, $6, $7, $8, $9, $10, $11, $12
         where not exists (select 1 from existing)
         returning version
     ),
@@ -245,7 +269,8 @@ const ACTIVATE: &str = r#"
 const LIST_VERSIONS: &str = r#"
     select m.tenant, m.task_type, m.version, m.sha256, length(m.bytes)::int8 as size,
            m.fuel, m.timeout_ms, m.memory_bytes, m.max_attempts, m.backoff_base_ms,
-           m.backoff_cap_ms, m.max_running, a.version is not null as active, m.created_at
+           m.backoff_cap_ms, m.max_running, m.secrets, a.version is not null as active,
+           m.created_at
     from sweep.modules m
     left join sweep.active_modules a
            on a.tenant = m.tenant and a.task_type = m.task_type and a.version = m.version

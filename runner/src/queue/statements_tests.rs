@@ -5,7 +5,7 @@
 
 use std::{collections::HashSet, path::Path};
 
-use sqlx::{migrate::MigrateDatabase, Executor, Postgres};
+use sqlx::{migrate::MigrateDatabase, Executor, Postgres, Row};
 
 use super::{statements, Role, Store};
 
@@ -82,4 +82,68 @@ fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// A page of tasks after a cursor is an index range in every table, in the generic plan a
+/// prepared statement settles on: the cursor is an index condition, never a filter applied
+/// while walking every id above it.
+#[tokio::test]
+async fn a_task_page_after_a_cursor_is_an_index_range() {
+    let name = format!("sweep_task_page_{}", std::process::id());
+    let url = with_database(&server_url(), &name);
+    let _ = Postgres::drop_database(&url).await;
+    super::migrate(&url).await.unwrap_or_else(|e| panic!("migrating {url}: {e}"));
+    let store = Store::open(&url, Role::Admin, 1).await.expect("opening the store");
+    let mut conn = store.pool().acquire().await.expect("connection");
+    let setup = r#"
+        insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority,
+                                          attempts, max_attempts, run_at, errors, created_at)
+        select g, 't' || (g % 10), 'noop', '{}', 'succeeded', 0, 1, 5, now(), '[]', now()
+        from generate_series(1, 50000) g;
+        insert into sweep.tasks (tenant, task_type, payload)
+        select 't' || (g % 10), 'noop', '{}' from generate_series(1, 20000) g;
+        analyze sweep.finished_tasks, sweep.tasks;
+        set plan_cache_mode = force_generic_plan;
+    "#;
+    (&mut *conn).execute(setup).await.expect("setup");
+    let prepare = format!("prepare page as {}", super::views::LIST_TASKS);
+    (&mut *conn).execute(prepare.as_str()).await.expect("prepare");
+    let row = (&mut *conn).fetch_one(EXPLAIN_PAGE).await.expect("explain");
+    let plan: serde_json::Value = row.try_get(0).expect("a JSON plan");
+    let mut scans = Vec::new();
+    collect_scans(&plan[0]["Plan"], &mut scans);
+    drop(conn);
+    store.close().await;
+    Postgres::drop_database(&url).await.expect("dropping the check database");
+    assert!(scans.len() >= 3, "{scans:?}");
+    for (node, relation, cond) in &scans {
+        assert!(
+            node.contains("Index") && cond.contains("id < "),
+            "{node} on {relation} without the cursor as its index condition: {cond:?}"
+        );
+    }
+}
+
+const EXPLAIN_PAGE: &str = r#"
+    explain (format json)
+    execute page(null, null, null, null, null, 1000, 50, null, null, null, null)
+    "#;
+
+/// (node type, relation, index condition) of every scan of a task table in a JSON plan.
+fn collect_scans(plan: &serde_json::Value, out: &mut Vec<(String, String, String)>) {
+    let relation = plan["Relation Name"].as_str().unwrap_or_default();
+    let index = plan["Index Name"].as_str().unwrap_or_default();
+    let table = if relation.is_empty() { index } else { relation };
+    if ["tasks", "finished_tasks", "dead_tasks"].iter().any(|t| table.starts_with(t))
+        && !plan["Node Type"].as_str().unwrap_or_default().starts_with("Bitmap Heap")
+    {
+        out.push((
+            plan["Node Type"].as_str().unwrap_or_default().to_owned(),
+            table.to_owned(),
+            plan["Index Cond"].as_str().unwrap_or_default().to_owned(),
+        ));
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        collect_scans(child, out);
+    }
 }

@@ -287,7 +287,10 @@ macro_rules! prefix_queues {
     };
 }
 
-const LIST_TASKS: &str = concat!(
+// The cursor is `id < coalesce($6, max)`, not `$6 is null or id < $6`: a generic plan (what a
+// prepared statement settles on) can use only the first as an index condition, and with the
+// second walked every id above the cursor (1.2 s for a page deep in 2,000,000 finished rows).
+pub(super) const LIST_TASKS: &str = concat!(
     r#"
     select * from (
         (select id, tenant, task_type, state, attempts, max_attempts, created_at,
@@ -296,7 +299,7 @@ const LIST_TASKS: &str = concat!(
          where ($2::text is null or state = $2) and "#,
     task_filter!(),
     r#"
-           and ($6::int8 is null or id < $6)
+           and id < coalesce($6::int8, 9223372036854775807)
          order by id desc limit $7)
         union all
         (select id, tenant, task_type, state, attempts, max_attempts, created_at,
@@ -305,7 +308,7 @@ const LIST_TASKS: &str = concat!(
          where $8::text is null and ($2::text is null or state = $2) and "#,
     task_filter!(),
     r#"
-           and ($6::int8 is null or id < $6)
+           and id < coalesce($6::int8, 9223372036854775807)
          order by id desc limit $7)
         union all
         (select f.* from "#,
@@ -319,7 +322,7 @@ const LIST_TASKS: &str = concat!(
                and ($2::text is null or state = $2) and "#,
     task_filter!(),
     r#"
-               and ($6::int8 is null or id < $6)
+               and id < coalesce($6::int8, 9223372036854775807)
              order by id desc limit $7) f)
         union all
         (select id, tenant, task_type, "#,
@@ -332,7 +335,7 @@ const LIST_TASKS: &str = concat!(
     r#") and "#,
     task_filter!(),
     r#"
-           and ($6::int8 is null or id < $6)
+           and id < coalesce($6::int8, 9223372036854775807)
          order by id desc limit $7)
         union all
         (select d.* from "#,
@@ -349,7 +352,7 @@ const LIST_TASKS: &str = concat!(
     r#") and "#,
     task_filter!(),
     r#"
-               and ($6::int8 is null or id < $6)
+               and id < coalesce($6::int8, 9223372036854775807)
              order by id desc limit $7) d)
     ) every
     order by id desc

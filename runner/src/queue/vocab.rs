@@ -186,6 +186,10 @@ pub enum FailureKind {
     /// (or its lease was reaped) after the cancel was requested. Always the last entry of a
     /// task that ended `cancelled` while running. Set by the sandbox, the queue and the reaper.
     Cancelled,
+    /// The task's module names secrets the runner could not give it: the runner has no
+    /// `SWEEP_SECRETS_KEY` (or another key than the one they were sealed under), or a named
+    /// secret was deleted since the upload. The guest did not run. Set by the worker.
+    SecretsUnavailable,
 }
 
 impl FailureKind {
@@ -203,6 +207,7 @@ impl FailureKind {
         FailureKind::RunnerError,
         FailureKind::FollowUpRejected,
         FailureKind::Cancelled,
+        FailureKind::SecretsUnavailable,
     ];
 
     /// The name stored in the error history and shown by the API and metrics.
@@ -221,6 +226,7 @@ impl FailureKind {
             FailureKind::RunnerError => "runner_error",
             FailureKind::FollowUpRejected => "follow_up_rejected",
             FailureKind::Cancelled => "cancelled",
+            FailureKind::SecretsUnavailable => "secrets_unavailable",
         }
     }
 }

@@ -14,7 +14,8 @@
 //! Protocol: the parent runs `<program> compile-module --cpu-secs N --memory-bytes M`, writes
 //! the module on stdin and closes it. The child sets its own limits first, reads the module,
 //! compiles it with the runner's engine settings (`engine::base_config`) and writes
-//! `Engine::precompile_module`'s artifact on stdout, exit 0. Exit [`EXIT_INVALID`]: the
+//! `Engine::precompile_module`'s artifact on stdout (`precompile_component`'s for a
+//! component: both sides tell the kind from the bytes), exit 0. Exit [`EXIT_INVALID`]: the
 //! module does not validate (the message on stderr). Exit [`EXIT_RESOURCES`]: it validates
 //! but the compile failed (out of memory under the budget). Killed by `SIGXCPU`/`SIGKILL`
 //! without the parent asking: over the CPU budget. Its last stderr line is its usage
@@ -36,6 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
+use wasmtime::component::Component;
 use wasmtime::{Engine, Module};
 
 use super::limits::{check_structure, CompileLimits, LimitExceeded};
@@ -55,6 +57,14 @@ pub const EXIT_SETUP: i32 = 4;
 pub const STATS_PREFIX: &str = "sweep-compile-stats";
 /// Most child stderr kept (messages are short; this only bounds a misbehaving child).
 const STDERR_KEEP: u64 = 64 * 1024;
+
+/// What a compile made.
+pub(crate) enum Compiled {
+    /// A core module.
+    Module(Module),
+    /// A component.
+    Component(Component),
+}
 
 /// Where a sandbox compiles modules.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -131,18 +141,29 @@ impl Compiler {
     }
 
     /// Checks `bytes` against the structural limits, then compiles them on the configured
-    /// path. Blocks (a slot, then the compile): call it from a blocking context.
-    pub(crate) fn compile(&self, engine: &Engine, bytes: &[u8]) -> Result<Module, ValidationError> {
+    /// path, as a component when the binary is one, else as a module. Blocks (a slot, then
+    /// the compile): call it from a blocking context.
+    pub(crate) fn compile(
+        &self,
+        engine: &Engine,
+        bytes: &[u8],
+    ) -> Result<Compiled, ValidationError> {
         check_structure(bytes, &self.limits)?;
         let _slot = self.slot();
         self.compiles.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(crate::metrics::MODULE_COMPILES).increment(1);
+        let component = wasmparser::Parser::is_component(bytes);
+        let invalid = |e: wasmtime::Error| ValidationError::Compile(e.into_boxed_dyn_error());
         match &self.kind {
-            CompilerKind::InProcess => Module::from_binary(engine, bytes)
-                .map_err(|e| ValidationError::Compile(e.into_boxed_dyn_error())),
+            CompilerKind::InProcess if component => {
+                Component::from_binary(engine, bytes).map(Compiled::Component).map_err(invalid)
+            }
+            CompilerKind::InProcess => {
+                Module::from_binary(engine, bytes).map(Compiled::Module).map_err(invalid)
+            }
             CompilerKind::Child { program } => {
                 let artifact = self.run_child(program, bytes)?;
-                load_artifact(engine, &artifact)
+                load_artifact(engine, &artifact, component)
             }
         }
     }
@@ -276,18 +297,28 @@ fn parse_stats(rest: &str) -> Option<CompileStats> {
     })
 }
 
-/// Loads an artifact our child wrote.
+/// Loads an artifact our child wrote: a component's when `component`, else a module's.
 #[allow(unsafe_code)]
-fn load_artifact(engine: &Engine, artifact: &[u8]) -> Result<Module, ValidationError> {
-    // SAFETY: `Module::deserialize` needs bytes made by `Module::serialize` or
-    // `Engine::precompile_module` and not tampered with. These are the stdout of our own
-    // child (a `sweep` binary, normally this very executable), which compiled the module with
-    // this engine's settings (`engine::base_config`) and wrote the artifact unmodified over a
-    // pipe nothing else writes to. wasmtime also checks the artifact's header (its version,
-    // target, compiler flags and wasm features) against `engine` and returns an error, not
-    // undefined behaviour, for one built differently.
-    unsafe { Module::deserialize(engine, artifact) }
-        .map_err(|e| failed(format!("loading the compiled module: {e:#}")))
+fn load_artifact(
+    engine: &Engine,
+    artifact: &[u8],
+    component: bool,
+) -> Result<Compiled, ValidationError> {
+    // SAFETY: `Module::deserialize` and `Component::deserialize` need bytes made by their
+    // `serialize` or by `Engine::precompile_module` / `precompile_component` and not tampered
+    // with. These are the stdout of our own child (a `sweep` binary, normally this very
+    // executable), which compiled the bytes with this engine's settings
+    // (`engine::base_config`), as a component exactly when `component` (both sides ask
+    // `wasmparser::Parser::is_component` of the same bytes), and wrote the artifact
+    // unmodified over a pipe nothing else writes to. wasmtime also checks the artifact's
+    // header (its kind, version, target, compiler flags and wasm features) against `engine`
+    // and returns an error, not undefined behaviour, for one built differently.
+    let loaded = if component {
+        unsafe { Component::deserialize(engine, artifact) }.map(Compiled::Component)
+    } else {
+        unsafe { Module::deserialize(engine, artifact) }.map(Compiled::Module)
+    };
+    loaded.map_err(|e| failed(format!("loading the compiled module: {e:#}")))
 }
 
 /// The child's side: `sweep compile-module --cpu-secs N --memory-bytes M`. Sets its own
@@ -323,7 +354,13 @@ pub fn compile_module_main(cpu_secs: u64, memory_bytes: u64) -> i32 {
             return EXIT_SETUP;
         }
     };
-    let code = match engine.precompile_module(&bytes) {
+    let component = wasmparser::Parser::is_component(&bytes);
+    let artifact = if component {
+        engine.precompile_component(&bytes)
+    } else {
+        engine.precompile_module(&bytes)
+    };
+    let code = match artifact {
         Ok(artifact) => {
             let mut out = std::io::stdout().lock();
             match out.write_all(&artifact).and_then(|()| out.flush()) {
@@ -336,9 +373,13 @@ pub fn compile_module_main(cpu_secs: u64, memory_bytes: u64) -> i32 {
         }
         Err(e) => {
             eprintln!("{e:#}");
-            match Module::validate(&engine, &bytes) {
-                Err(_) => EXIT_INVALID,
-                Ok(()) => EXIT_RESOURCES,
+            // wasmtime validates a component only by compiling it: a component that failed
+            // is taken as invalid (running out of memory aborts the child, which the parent
+            // reads from the signal).
+            if component || Module::validate(&engine, &bytes).is_err() {
+                EXIT_INVALID
+            } else {
+                EXIT_RESOURCES
             }
         }
     };

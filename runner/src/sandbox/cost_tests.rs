@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use wasmtime::{Store, UpdateDeadline};
 
+use super::module::Handler;
 use super::pipes::{BoundedOutput, Overflow};
-use super::store::{new_store, StoreState, TaskLimiter};
+use super::store::{new_store, StoreShape, StoreState, TaskLimiter};
 use super::wasi::GuestWasi;
 use super::{CompiledModule, Limits, Sandbox, SandboxConfig, TaskInput};
 
@@ -61,6 +62,9 @@ async fn phases(
     input: &TaskInput,
     limits: &Limits,
 ) -> wasmtime::Result<Phases> {
+    let Handler::Module { pre, start } = &module.handler else {
+        wasmtime::bail!("a module, not a component");
+    };
     let mut p = [Duration::ZERO; 5];
     for _ in 0..ITERATIONS {
         let t0 = Instant::now();
@@ -70,7 +74,12 @@ async fn phases(
         let t1 = Instant::now();
         let state = StoreState {
             wasi,
-            limiter: TaskLimiter { memory_bytes: 1 << 26, memory_denied: false },
+            limiter: TaskLimiter {
+                memory_bytes: 1 << 26,
+                memory_denied: false,
+                peak_memory_bytes: 0,
+                shape: StoreShape::MODULE,
+            },
             deadline: t0.checked_add(limits.timeout),
             deadline_hit: false,
         };
@@ -80,10 +89,10 @@ async fn phases(
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|_| Ok(UpdateDeadline::Continue(1)));
         let t2 = Instant::now();
-        let instance = module.pre.instantiate_async(&mut store).await?;
+        let instance = pre.instantiate_async(&mut store).await?;
         let t3 = Instant::now();
         let start = instance
-            .get_module_export(&mut store, &module.start)
+            .get_module_export(&mut store, start)
             .and_then(|e| e.into_func())
             .ok_or_else(|| wasmtime::format_err!("no _start"))?
             .typed::<(), ()>(&store)?;
@@ -177,9 +186,13 @@ fn pages_the_rust_noop_changes() -> wasmtime::Result<()> {
         let stdout = BoundedOutput::new(1 << 20, Overflow::Stop);
         let stderr = BoundedOutput::new(4096, Overflow::KeepTail);
         let limits = Limits::DEFAULT;
+        let Handler::Module { pre, .. } = &module.handler else {
+            wasmtime::bail!("a module, not a component");
+        };
+        let wasi = GuestWasi::new(&input, &stdout, &stderr);
         let mut store =
-            new_store(sandbox.engine(), &input, &limits, Instant::now(), &stdout, &stderr)?;
-        let instance = module.pre.instantiate_async(&mut store).await?;
+            new_store(sandbox.engine(), wasi, StoreShape::MODULE, &limits, Instant::now())?;
+        let instance = pre.instantiate_async(&mut store).await?;
         let memory = instance
             .get_memory(&mut store, "memory")
             .ok_or_else(|| wasmtime::format_err!("no memory"))?;

@@ -7,8 +7,9 @@
 //! - fuel metering and epoch interruption are always on: every store relies on both;
 //! - wasm features that would sidestep the memory limiter (shared memories/threads, 64-bit
 //!   memories, multiple memories) are off, so one `ResourceLimiter` sees every byte;
-//! - the pool has exactly `max_concurrency` instance/memory/table/stack slots, each memory slot
-//!   bounded by `maxima.memory_bytes`; if the pool cannot be set up (e.g. the address space
+//! - the pool has exactly `max_concurrency` memory, stack and component slots, each memory
+//!   slot bounded by `maxima.memory_bytes`, and enough core instance and table slots for
+//!   that many components; if the pool cannot be set up (e.g. the address space
 //!   is capped), we fall back to on-demand allocation with a warning rather than fail;
 //! - the ticker thread holds only an [`EngineWeak`] and exits within one tick after the last
 //!   `Engine` clone is dropped.
@@ -23,6 +24,7 @@ use wasmtime::{
 };
 
 use super::config::SandboxConfig;
+use super::store::COMPONENT_CORE_INSTANCES;
 use super::SandboxError;
 
 /// Pool slots whose memory is reset together (measured: ~0.7 µs/task saved on a no-op task).
@@ -94,13 +96,19 @@ fn pooling_config(config: &SandboxConfig) -> PoolingAllocationConfig {
     let slots = config.max_concurrency;
     // validate() caps maxima.memory_bytes at 4 GiB, which fits usize on 64-bit targets.
     let max_memory = usize::try_from(config.maxima.memory_bytes).unwrap_or(usize::MAX);
+    // A component is several core instances, each with at most one table, and one memory
+    // (see `store::StoreShape`): enough core instance and table slots for every task to be
+    // a component, and one memory per task whatever it is.
+    let per_component = u32::try_from(COMPONENT_CORE_INSTANCES).unwrap_or(u32::MAX);
     let mut p = PoolingAllocationConfig::new();
-    p.total_core_instances(slots)
+    p.total_core_instances(slots.saturating_mul(per_component))
         .total_memories(slots)
-        .total_tables(slots)
+        .total_tables(slots.saturating_mul(per_component))
         .total_stacks(slots)
-        // Handlers are core modules; the component pool is never used.
-        .total_component_instances(0)
+        .total_component_instances(slots)
+        .max_core_instances_per_component(per_component)
+        .max_tables_per_component(per_component)
+        .max_memories_per_component(1)
         .max_memories_per_module(1)
         .max_tables_per_module(1)
         .max_memory_size(max_memory)

@@ -203,16 +203,20 @@ impl std::error::Error for LimitExceeded {}
 /// headers and function-body prefixes (sizes, local declarations).
 pub fn check_structure(bytes: &[u8], limits: &CompileLimits) -> Result<(), LimitExceeded> {
     let mut index: u32 = 0;
+    // A component holds several core modules: the limits apply to all of them together.
+    let (mut functions, mut code_bytes) = (0u64, 0u64);
     for payload in wasmparser::Parser::new(0).parse_all(bytes) {
         let Ok(payload) = payload else { return Ok(()) };
         match payload {
             wasmparser::Payload::CodeSectionStart { count, size, .. } => {
-                if count > limits.max_functions {
-                    let (count, limit) = (u64::from(count), limits.max_functions);
+                functions = functions.saturating_add(u64::from(count));
+                code_bytes = code_bytes.saturating_add(u64::from(size));
+                if functions > u64::from(limits.max_functions) {
+                    let (count, limit) = (functions, limits.max_functions);
                     return Err(LimitExceeded::Functions { count, limit });
                 }
-                if u64::from(size) > limits.max_code_bytes {
-                    let (size, limit) = (u64::from(size), limits.max_code_bytes);
+                if code_bytes > limits.max_code_bytes {
+                    let (size, limit) = (code_bytes, limits.max_code_bytes);
                     return Err(LimitExceeded::CodeBytes { size, limit });
                 }
             }

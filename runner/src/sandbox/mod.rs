@@ -1,32 +1,38 @@
-//! The WebAssembly execution layer: runs one task's handler module in a fresh, limited
-//! instance and reports a typed [`Outcome`].
+//! The WebAssembly execution layer: runs one task's handler (a preview-1 module or a WASI 0.2
+//! component) in a fresh, limited instance and reports a typed [`Outcome`].
 //!
-//! Owns: the runner's one `wasmtime::Engine` (with its epoch ticker), the WASI linker, module
-//! validation/compilation, the module cache, per-task limits and outcome classification.
+//! Owns: the runner's one `wasmtime::Engine` (with its epoch ticker), the WASI linkers (one
+//! for modules, one for components), handler validation/compilation, the module cache,
+//! per-task limits, outbound HTTP under the egress policy, and outcome classification.
 //! Knows nothing about Postgres: the worker feeds it bytes and inputs and records `Execution`s.
 //!
 //! Invariants:
 //! - handlers are untrusted: every run has fuel, a wall-clock deadline, a memory ceiling and a
-//!   stdout ceiling, and no filesystem, network, host env or args;
+//!   stdout ceiling, and no filesystem, host env or args; the network only as outbound HTTP
+//!   from a component, to what its `Capabilities` allow (`http`);
 //! - nothing here panics or unwraps on guest behaviour or module bytes; a misbehaving guest
 //!   becomes an `Outcome`, a bad module a `ValidationError`;
 //! - compile once (per sha256), instantiate per task: the linker is built once per
-//!   `Sandbox`, modules are kept as `InstancePre`, each run gets a fresh `Store`.
+//!   `Sandbox`, modules are kept as `InstancePre`, components as `CommandPre`, each run gets
+//!   a fresh `Store`.
 //!
 //! Files: `capabilities` (what a run is given beyond computing: egress, HTTP limits,
 //! secrets as environment; what it used), `config` (settings, limits), `engine` (engine + ticker), `limits` (structural
 //! limits, compile budget), `compiler` (where compiles run: child process or in process),
 //! `module` (validation, compiled form), `cache` (sha256 -> compiled, bounded by bytes),
-//! `store` (per-task state), `run` (one task),
+//! `store` (per-task state), `run` (one task), `wasi` (what a module sees), `component`
+//! (what a component sees), `http` (outbound HTTP: egress checks, limits, accounting),
 //! `pipes` (bounded stdio), `outcome` (classification).
 
 mod cache;
 mod capabilities;
 mod compiler;
+mod component;
 mod config;
 #[cfg(test)]
 mod cost_tests;
 mod engine;
+mod http;
 mod limits;
 mod module;
 mod outcome;
@@ -51,6 +57,7 @@ pub use capabilities::{
 pub use compiler::{
     compile_module_main, CompileStats, CompilerKind, COMPILE_NICE, COMPILE_SUBCOMMAND,
 };
+pub use component::RUN_EXPORT;
 pub use config::{
     ConfigError, LimitOverrides, Limits, SandboxConfig, DEFAULT_EPOCH_TICK, DEFAULT_FUEL,
     DEFAULT_MAX_CONCURRENCY, DEFAULT_MEMORY_BYTES, DEFAULT_OUTPUT_BYTES, DEFAULT_TIMEOUT, MAX_FUEL,
@@ -64,7 +71,7 @@ pub use limits::{
     DEFAULT_MAX_LOCALS,
 };
 pub use module::{
-    sha256_hex, CompiledModule, ModuleInfo, ValidationError, ENTRY_OVERHEAD_BYTES,
+    sha256_hex, CompiledModule, HandlerKind, ModuleInfo, ValidationError, ENTRY_OVERHEAD_BYTES,
     IMAGE_OVERHEAD_DIVISOR, START_EXPORT, WASI_MODULE,
 };
 pub use outcome::{Execution, Outcome, TrapCause, MESSAGE_MAX_BYTES, PERMANENT_EXIT_CODE};
@@ -74,6 +81,7 @@ pub use store::TaskInput;
 pub(crate) use module::check_initial_memory;
 
 use compiler::Compiler;
+use component::ComponentState;
 use store::StoreState;
 
 /// A boxed error source (wasmtime's own error type is not a `std::error::Error`).
@@ -129,6 +137,7 @@ pub struct Sandbox {
 struct Inner {
     engine: Engine,
     linker: Linker<StoreState>,
+    component_linker: wasmtime::component::Linker<ComponentState>,
     allocator: AllocatorKind,
     compiler: Compiler,
     config: SandboxConfig,
@@ -152,11 +161,15 @@ impl Sandbox {
         let mut linker = Linker::new(&engine);
         wasi::add_to_linker(&mut linker)
             .map_err(|e| SandboxError::Linker(e.into_boxed_dyn_error()))?;
+        let mut component_linker = wasmtime::component::Linker::new(&engine);
+        component::add_to_linker(&mut component_linker)
+            .map_err(|e| SandboxError::Linker(e.into_boxed_dyn_error()))?;
         // Detached: the thread ends by itself once the last engine clone is dropped.
         let _ticker = engine::spawn_epoch_ticker(&engine, config.epoch_tick)?;
         tracing::info!(%allocator, max_concurrency = config.max_concurrency, "sandbox ready");
         let compiler = Compiler::new(config.compiler.clone(), config.compile);
-        Ok(Sandbox { inner: Arc::new(Inner { engine, linker, allocator, compiler, config }) })
+        let inner = Inner { engine, linker, component_linker, allocator, compiler, config };
+        Ok(Sandbox { inner: Arc::new(inner) })
     }
 
     /// Which instance allocator is in use.
@@ -219,6 +232,7 @@ impl Sandbox {
     }
 
     fn prepare(&self, bytes: &[u8]) -> Result<CompiledModule, ValidationError> {
-        module::prepare(&self.inner.linker, &self.inner.compiler, bytes)
+        let inner = &self.inner;
+        module::prepare(&inner.linker, &inner.component_linker, &inner.compiler, bytes)
     }
 }

@@ -1,15 +1,20 @@
-//! Handler modules: validation against the guest contract, and the compiled, link-ready form.
+//! Handlers: validation against the guest contract, and the compiled, link-ready form, for
+//! preview-1 modules and WASI 0.2 components alike.
 //!
-//! Owns: [`ValidationError`], [`ModuleInfo`], [`CompiledModule`] and [`prepare`], the one
-//! path from bytes to a runnable module (used by upload validation and by the runner alike,
-//! so an accepted upload is exactly a module the runner can run).
+//! Owns: [`ValidationError`], [`HandlerKind`], [`ModuleInfo`], [`CompiledModule`] and
+//! [`prepare`], the one path from bytes to a runnable handler (used by upload validation and
+//! by the runner alike, so an accepted upload is exactly a handler the runner can run).
 //!
 //! Invariants:
-//! - only binary core wasm modules are accepted (no text format, no components);
-//! - every import is from `wasi_snapshot_preview1` and resolves against the runner's WASI
-//!   linker; a rejected import is named (module and field);
-//! - `_start` is exported as a `() -> ()` function, and a module that imports WASI exports
-//!   its `memory` (WASI calls trap without it);
+//! - only binary wasm is accepted (no text format); the binary's header says which kind it
+//!   is ([`HandlerKind`]): a core module or a component;
+//! - a module: every import is from `wasi_snapshot_preview1` and resolves against the
+//!   runner's WASI linker; a rejected import is named (module and field); `_start` is
+//!   exported as a `() -> ()` function, and a module that imports WASI exports its `memory`
+//!   (WASI calls trap without it);
+//! - a component: it exports `wasi:cli/run` (0.2.x; else [`ValidationError::MissingRunExport`]
+//!   lists what it does export) and every import resolves against the component linker
+//!   (WASI 0.2 and `wasi:http`); it is kept as a `CommandPre`, instantiated per task;
 //! - a module whose declared initial memory is above the memory limit it would run with is
 //!   refused in those terms, before compiling (the pooling allocator would refuse it in its
 //!   own words, the on-demand one only when a task runs);
@@ -23,9 +28,12 @@
 use std::fmt;
 
 use sha2::{Digest, Sha256};
-use wasmtime::{ExternType, Linker, ModuleExport, UnknownImportError};
+use wasmtime::component::{self, Component};
+use wasmtime::{ExternType, Linker, Module, ModuleExport, UnknownImportError};
+use wasmtime_wasi::p2::bindings::CommandPre;
 
-use super::compiler::Compiler;
+use super::compiler::{Compiled, Compiler};
+use super::component::{check_exports, ComponentState};
 use super::limits::LimitExceeded;
 use super::store::StoreState;
 use super::BoxError;
@@ -38,8 +46,6 @@ pub const START_EXPORT: &str = "_start";
 pub const MEMORY_EXPORT: &str = "memory";
 
 const WASM_MAGIC: [u8; 4] = *b"\0asm";
-/// Version field of a core module (components use a different one).
-const CORE_VERSION: [u8; 4] = [1, 0, 0, 0];
 
 /// Why a module was rejected.
 #[derive(Debug, thiserror::Error)]
@@ -48,11 +54,21 @@ pub enum ValidationError {
     /// Not a WebAssembly binary at all.
     #[error("not a WebAssembly binary (missing the \\0asm header)")]
     NotWasm,
-    /// A component, or an unknown binary version; handlers are core modules.
-    #[error(
-        "not a core WebAssembly module (components are not supported; build for wasm32-wasip1)"
-    )]
+    /// A WebAssembly binary of a version that is neither a core module nor a component.
+    #[error("neither a core WebAssembly module nor a component (unknown binary version)")]
     NotCoreModule,
+    /// A component that does not export `wasi:cli/run`: not a WASI command.
+    #[error(
+        "component does not export `wasi:cli/run` (a WASI 0.2 command, such as a `main` built for wasm32-wasip2); it exports: {}",
+        if exports.is_empty() { "nothing".to_owned() } else { exports.join(", ") }
+    )]
+    MissingRunExport {
+        /// What it exports instead.
+        exports: Vec<String>,
+    },
+    /// A component import the runner does not provide (or with another type).
+    #[error("component cannot be linked against WASI 0.2 and wasi:http")]
+    ComponentLink(#[source] BoxError),
     /// Malformed or uses a disabled feature.
     #[error("module failed to compile")]
     Compile(#[source] BoxError),
@@ -107,26 +123,71 @@ pub enum ValidationError {
     },
 }
 
-/// Facts about a validated module, for the admin API.
+/// Which kind of WebAssembly a handler is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandlerKind {
+    /// A core module: a WASI preview-1 command (`wasm32-wasip1`).
+    Module,
+    /// A component: a WASI 0.2 command (`wasm32-wasip2`).
+    Component,
+}
+
+impl HandlerKind {
+    /// `module` or `component`, as the API shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HandlerKind::Module => "module",
+            HandlerKind::Component => "component",
+        }
+    }
+
+    /// The kind `bytes` are, from the binary's header; `None` for bytes that are not
+    /// WebAssembly at all.
+    pub fn of(bytes: &[u8]) -> Option<Result<HandlerKind, ValidationError>> {
+        if bytes.get(..4) != Some(&WASM_MAGIC[..]) {
+            return None;
+        }
+        Some(if wasmparser::Parser::is_core_wasm(bytes) {
+            Ok(HandlerKind::Module)
+        } else if wasmparser::Parser::is_component(bytes) {
+            Ok(HandlerKind::Component)
+        } else {
+            Err(ValidationError::NotCoreModule)
+        })
+    }
+}
+
+/// Facts about a validated handler, for the admin API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModuleInfo {
     /// Hex SHA-256 of the module bytes.
     pub sha256: String,
     /// Size of the module bytes.
     pub size_bytes: usize,
-    /// The WASI functions it imports, in import order.
+    /// Module or component.
+    pub kind: HandlerKind,
+    /// What it imports, in import order: a module's WASI functions (`fd_write`), a
+    /// component's interfaces (`wasi:cli/stdin@0.2.6`).
     pub wasi_imports: Vec<String>,
 }
 
-/// A compiled module, linked against WASI and ready to instantiate once per task.
-/// Cheap to clone (the compiled code is shared).
+/// A compiled handler, linked and ready to instantiate once per task. Cheap to clone (the
+/// compiled code is shared).
 #[derive(Clone)]
 pub struct CompiledModule {
-    pub(crate) pre: wasmtime::InstancePre<StoreState>,
-    pub(crate) start: ModuleExport,
+    pub(crate) handler: Handler,
     info: ModuleInfo,
     /// Length of the compiled image (code, data, metadata) wasmtime keeps for it.
     image_bytes: usize,
+}
+
+/// The link-ready form of each kind.
+#[derive(Clone)]
+pub(crate) enum Handler {
+    /// A preview-1 module and its `_start`.
+    Module { pre: wasmtime::InstancePre<StoreState>, start: ModuleExport },
+    /// A component whose `wasi:cli/run` is looked up.
+    Component(CommandPre<ComponentState>),
 }
 
 /// What one compiled module costs a runner beyond its compiled image: wasmtime's module and
@@ -155,6 +216,11 @@ impl CompiledModule {
     /// What validation learned about the module.
     pub fn info(&self) -> &ModuleInfo {
         &self.info
+    }
+
+    /// Module or component.
+    pub fn kind(&self) -> HandlerKind {
+        self.info.kind
     }
 
     /// Length of its compiled image in bytes (`wasmtime::Module::image_range`).
@@ -187,32 +253,40 @@ fn mib(bytes: u64) -> String {
     }
 }
 
-/// The initial size in bytes of the memories `bytes` defines, summed (handlers have one),
-/// read from the memory section without compiling. `None` when the module does not parse
-/// that far: the compile then names what is wrong.
+/// The initial size in bytes of the largest memory `bytes` defines (a module has one; each
+/// core module inside a component may have one, and the limit applies to each), read from
+/// the memory sections without compiling. `None` when the binary does not parse that far:
+/// the compile then names what is wrong.
 fn initial_memory_bytes(bytes: &[u8]) -> Option<u64> {
-    let mut total: u64 = 0;
+    let component = wasmparser::Parser::is_component(bytes);
+    let mut largest: u64 = 0;
     for payload in wasmparser::Parser::new(0).parse_all(bytes) {
         match payload.ok()? {
             wasmparser::Payload::MemorySection(memories) => {
+                let mut total: u64 = 0;
                 for memory in memories {
                     let memory = memory.ok()?;
                     let size = memory.initial.saturating_mul(u64::from(memory.page_size()));
                     total = total.saturating_add(size);
                 }
-                return Some(total);
+                largest = largest.max(total);
+                if !component {
+                    return Some(largest);
+                }
             }
-            // Sections come in order: past these, no memory section follows.
-            wasmparser::Payload::CodeSectionStart { .. } | wasmparser::Payload::End(_) => {
-                return Some(total)
+            // Sections come in order: past these, a module has no memory section to come.
+            wasmparser::Payload::CodeSectionStart { .. } | wasmparser::Payload::End(_)
+                if !component =>
+            {
+                return Some(largest)
             }
             _ => {}
         }
     }
-    Some(total)
+    Some(largest)
 }
 
-/// Refuses a module whose memory starts above `limit_bytes`.
+/// Refuses a module (or component) whose memory starts above `limit_bytes`.
 pub(crate) fn check_initial_memory(bytes: &[u8], limit_bytes: u64) -> Result<(), ValidationError> {
     match initial_memory_bytes(bytes) {
         Some(needs_bytes) if needs_bytes > limit_bytes => {
@@ -231,19 +305,35 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// limits first). CPU-heavy or blocking (a full compile): call it from a blocking context.
 pub(crate) fn prepare(
     linker: &Linker<StoreState>,
+    component_linker: &component::Linker<ComponentState>,
     compiler: &Compiler,
     bytes: &[u8],
 ) -> Result<CompiledModule, ValidationError> {
-    match bytes.get(..8) {
-        Some(header) if header[..4] == WASM_MAGIC => {
-            if header[4..] != CORE_VERSION {
-                return Err(ValidationError::NotCoreModule);
-            }
+    let kind = HandlerKind::of(bytes).ok_or(ValidationError::NotWasm)??;
+    let engine = linker.engine();
+    let (handler, wasi_imports, image) = match compiler.compile(engine, bytes)? {
+        Compiled::Module(module) => {
+            let (handler, imports) = link_module(linker, &module)?;
+            (handler, imports, module.image_range())
         }
-        _ => return Err(ValidationError::NotWasm),
-    }
-    let module = compiler.compile(linker.engine(), bytes)?;
+        Compiled::Component(component) => {
+            let (handler, imports) = link_component(component_linker, &component)?;
+            (handler, imports, component.image_range())
+        }
+    };
+    let image_bytes = (image.end as usize).saturating_sub(image.start as usize);
+    Ok(CompiledModule {
+        handler,
+        image_bytes,
+        info: ModuleInfo { sha256: sha256_hex(bytes), size_bytes: bytes.len(), kind, wasi_imports },
+    })
+}
 
+/// A module's imports checked and linked, its `_start` found.
+fn link_module(
+    linker: &Linker<StoreState>,
+    module: &Module,
+) -> Result<(Handler, Vec<String>), ValidationError> {
     let mut wasi_imports = Vec::new();
     for import in module.imports() {
         if import.module() != WASI_MODULE {
@@ -270,7 +360,7 @@ pub(crate) fn prepare(
         Some(_) | None => return Err(ValidationError::MissingStart),
     };
 
-    let pre = linker.instantiate_pre(&module).map_err(|e| {
+    let pre = linker.instantiate_pre(module).map_err(|e| {
         match e.downcast_ref::<UnknownImportError>() {
             Some(unknown) => ValidationError::UnknownImport {
                 module: unknown.module().to_owned(),
@@ -279,15 +369,23 @@ pub(crate) fn prepare(
             None => ValidationError::Link(e.into_boxed_dyn_error()),
         }
     })?;
+    Ok((Handler::Module { pre, start }, wasi_imports))
+}
 
-    let image = module.image_range();
-    let image_bytes = (image.end as usize).saturating_sub(image.start as usize);
-    Ok(CompiledModule {
-        pre,
-        start,
-        image_bytes,
-        info: ModuleInfo { sha256: sha256_hex(bytes), size_bytes: bytes.len(), wasi_imports },
-    })
+/// A component's `wasi:cli/run` export checked, its imports linked.
+fn link_component(
+    linker: &component::Linker<ComponentState>,
+    component: &Component,
+) -> Result<(Handler, Vec<String>), ValidationError> {
+    let engine = linker.engine();
+    check_exports(engine, component)
+        .map_err(|exports| ValidationError::MissingRunExport { exports })?;
+    let imports =
+        component.component_type().imports(engine).map(|(name, _)| name.to_owned()).collect();
+    let link = |e: wasmtime::Error| ValidationError::ComponentLink(e.into_boxed_dyn_error());
+    let pre = linker.instantiate_pre(component).map_err(link)?;
+    let command = CommandPre::new(pre).map_err(link)?;
+    Ok((Handler::Component(command), imports))
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 
 use std::time::Duration;
 
+use super::capabilities::Usage;
 use super::pipes::tail_str;
 use crate::queue::FailureKind;
 
@@ -80,6 +81,10 @@ pub enum Outcome {
     /// A cancel of the task stopped the run (see `Sandbox::run_cancellable`). Permanent: the
     /// queue ends the task `cancelled`.
     Cancelled,
+    /// The module names secrets the runner could not provide (no key, another key, a secret
+    /// deleted since the upload); the guest did not run (produced by the worker). Retryable:
+    /// a runner with the key, or the secret set again, runs it.
+    SecretsUnavailable(String),
 }
 
 impl Outcome {
@@ -98,6 +103,7 @@ impl Outcome {
             Outcome::ModuleMissing => FailureKind::ModuleMissing,
             Outcome::RunnerError(_) | Outcome::NoCapacity(_) => FailureKind::RunnerError,
             Outcome::Cancelled => FailureKind::Cancelled,
+            Outcome::SecretsUnavailable(_) => FailureKind::SecretsUnavailable,
         })
     }
 
@@ -142,7 +148,9 @@ impl Outcome {
             Outcome::OutputTooLarge => "stdout exceeded the output limit".to_owned(),
             Outcome::InvalidOutput(msg) => msg.clone(),
             Outcome::ModuleMissing => "no module registered for this task type".to_owned(),
-            Outcome::RunnerError(msg) | Outcome::NoCapacity(msg) => msg.clone(),
+            Outcome::RunnerError(msg)
+            | Outcome::NoCapacity(msg)
+            | Outcome::SecretsUnavailable(msg) => msg.clone(),
             Outcome::Cancelled => "cancelled while running: the instance was stopped".to_owned(),
         };
         Some(text)
@@ -160,8 +168,9 @@ pub struct Execution {
     pub stderr_truncated: bool,
     /// Wall-clock time from the start of `run` to the end (store teardown included).
     pub duration: Duration,
-    /// Fuel consumed (instantiation included).
-    pub fuel_used: u64,
+    /// What the run used: fuel (instantiation included), peak memory, HTTP requests and
+    /// bytes. Zero for a run that never started.
+    pub usage: Usage,
 }
 
 impl Execution {
@@ -425,7 +434,7 @@ mod tests {
             stderr: "panicked at src/main.rs:3:5\n".into(),
             stderr_truncated: false,
             duration: Duration::ZERO,
-            fuel_used: 0,
+            usage: Usage::default(),
         };
         assert_eq!(
             exec.failure_message().as_deref(),

@@ -1,4 +1,5 @@
-//! Running one task: fresh store, instantiate, call `_start`, classify.
+//! Running one task: fresh store, instantiate, call `_start` (a module) or `wasi:cli/run` (a
+//! component), classify.
 //!
 //! Owns: [`Sandbox::run`] and the two deadline mechanisms.
 //!
@@ -13,15 +14,20 @@
 //! - `run` never fails: every way a run can end is an [`Outcome`].
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use wasmtime::Store;
+use wasmtime::{InstancePre, ModuleExport, Store};
+use wasmtime_wasi::p2::bindings::CommandPre;
 
+use super::capabilities::Usage;
+use super::component::{call_run, ComponentState, ComponentWasi};
 use super::config::Limits;
-use super::module::CompiledModule;
+use super::module::{CompiledModule, Handler};
 use super::outcome::{classify, Ending, Execution, Outcome, RunFacts};
 use super::pipes::{BoundedOutput, Overflow};
-use super::store::{new_store, StoreState, TaskInput};
+use super::store::{new_store, StoreShape, StoreState, TaskInput, TaskState};
+use super::wasi::GuestWasi;
 use super::Sandbox;
 
 /// How much of a guest's stderr is kept (the most recent bytes).
@@ -70,56 +76,31 @@ impl Sandbox {
         let stdout = BoundedOutput::new(limits.output_bytes, Overflow::Stop);
         let stderr = BoundedOutput::new(STDERR_TAIL_BYTES, Overflow::KeepTail);
 
-        let mut pause = Duration::from_millis(1);
-        let (ending, fuel_left, deadline_hit, memory_denied) = loop {
-            match new_store(self.engine(), input, limits, started, &stdout, &stderr) {
-                Ok(mut store) => {
-                    // Cancel first: polled at every epoch yield of a spinning guest, and woken
-                    // by itself while a guest waits in a host call.
-                    let ending = tokio::select! {
-                        biased;
-                        () = &mut cancel => Ending::Cancelled,
-                        ended = tokio::time::timeout(limits.timeout, call_start(module, &mut store)) => {
-                            ended.unwrap_or(Ending::Elapsed)
-                        }
-                    };
-                    // No free slot in the instance pool: a slot freed a moment ago may not be
-                    // back yet. Nothing of the guest ran; wait a little and try again.
-                    if matches!(&ending, Ending::InstantiateFailed(e) if no_capacity(e))
-                        && started.elapsed() + pause < CAPACITY_WAIT
-                    {
-                        drop(store);
-                        tokio::select! {
-                            biased;
-                            () = &mut cancel => {
-                                let outcome = Outcome::Cancelled;
-                                return finish(outcome, &stderr, started, 0);
-                            }
-                            () = tokio::time::sleep(pause) => {}
-                        }
-                        pause = (pause * 2).min(Duration::from_millis(50));
-                        continue;
-                    }
-                    let fuel_left = store.get_fuel().unwrap_or(0);
-                    let state = store.data();
-                    break (ending, fuel_left, state.deadline_hit, state.limiter.memory_denied);
-                }
-                Err(e) => {
-                    let outcome = Outcome::RunnerError(format!("failed to set up store: {e:#}"));
-                    return finish(outcome, &stderr, started, 0);
-                }
+        let ran = match &module.handler {
+            Handler::Module { pre, start } => {
+                let entry = ModuleEntry { pre, start };
+                let wasi = || GuestWasi::new(input, &stdout, &stderr);
+                self.attempt(&entry, wasi, StoreShape::MODULE, limits, started, &mut cancel).await
             }
+            Handler::Component(pre) => {
+                let wasi = || ComponentWasi::new(input, &stdout, &stderr);
+                self.attempt(pre, wasi, StoreShape::COMPONENT, limits, started, &mut cancel).await
+            }
+        };
+        let ran = match ran {
+            Ok(ran) => ran,
+            Err(outcome) => return finish(outcome, &stderr, started),
         };
 
         let out = stdout.take();
         let err = stderr.take();
         let stderr_text = String::from_utf8_lossy(&err.bytes);
         let outcome = classify(RunFacts {
-            ending,
+            ending: ran.ending,
             stdout: &out.bytes,
             stdout_overflowed: out.overflowed,
-            deadline_hit,
-            memory_denied,
+            deadline_hit: ran.deadline_hit,
+            memory_denied: ran.memory_denied,
             stderr_tail: &stderr_text,
         });
         Execution {
@@ -127,19 +108,138 @@ impl Sandbox {
             stderr: stderr_text.into_owned(),
             stderr_truncated: err.overflowed,
             duration: started.elapsed(),
-            fuel_used: limits.fuel.saturating_sub(fuel_left),
+            usage: Usage { fuel_used: limits.fuel.saturating_sub(ran.fuel_left), ..ran.usage },
+        }
+    }
+
+    /// Runs `entry` in a fresh store of guest state `wasi()`, again (with a new state) while
+    /// the instance pool has no free slot, for up to [`CAPACITY_WAIT`]. `Err` is an outcome
+    /// reached before the guest ran: a store that could not be set up, a cancel while waiting.
+    async fn attempt<W: Guest, E: Entry<W>>(
+        &self,
+        entry: &E,
+        wasi: impl Fn() -> W,
+        shape: StoreShape,
+        limits: &Limits,
+        started: Instant,
+        cancel: &mut Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<Ran, Outcome> {
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let mut store = new_store(self.engine(), wasi(), shape, limits, started)
+                .map_err(|e| Outcome::RunnerError(format!("failed to set up store: {e:#}")))?;
+            // Cancel first: polled at every epoch yield of a spinning guest, and woken by
+            // itself while a guest waits in a host call.
+            let ending = tokio::select! {
+                biased;
+                () = &mut *cancel => Ending::Cancelled,
+                ended = tokio::time::timeout(limits.timeout, entry.call(&mut store)) => {
+                    ended.unwrap_or(Ending::Elapsed)
+                }
+            };
+            // No free slot in the instance pool: a slot freed a moment ago may not be back
+            // yet. Nothing of the guest ran; wait a little and try again.
+            if matches!(&ending, Ending::InstantiateFailed(e) if no_capacity(e))
+                && started.elapsed() + pause < CAPACITY_WAIT
+            {
+                drop(store);
+                tokio::select! {
+                    biased;
+                    () = &mut *cancel => return Err(Outcome::Cancelled),
+                    () = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(Duration::from_millis(50));
+                continue;
+            }
+            let fuel_left = store.get_fuel().unwrap_or(0);
+            // Dropping the store's instances here gives the pool slot back.
+            let state = store.into_data();
+            let mut usage = Usage {
+                peak_memory_bytes: u64::try_from(state.limiter.peak_memory_bytes)
+                    .unwrap_or(u64::MAX),
+                ..Usage::default()
+            };
+            state.wasi.add_usage(&mut usage);
+            return Ok(Ran {
+                ending,
+                fuel_left,
+                deadline_hit: state.deadline_hit,
+                memory_denied: state.limiter.memory_denied,
+                usage,
+            });
         }
     }
 }
 
-async fn call_start(module: &CompiledModule, store: &mut Store<StoreState>) -> Ending {
-    let instance = match module.pre.instantiate_async(&mut *store).await {
+/// What a run that reached the guest left behind.
+struct Ran {
+    ending: Ending,
+    fuel_left: u64,
+    deadline_hit: bool,
+    memory_denied: bool,
+    /// Peak memory and, for a component, HTTP; fuel is filled in by the caller.
+    usage: Usage,
+}
+
+/// A guest's WASI state, as far as a run needs to know it.
+trait Guest: Send + 'static {
+    /// Adds what the guest used beyond fuel and memory (outbound HTTP) to `usage`.
+    fn add_usage(&self, usage: &mut Usage);
+}
+
+impl Guest for GuestWasi {
+    fn add_usage(&self, _usage: &mut Usage) {}
+}
+
+impl Guest for ComponentWasi {
+    fn add_usage(&self, usage: &mut Usage) {
+        self.egress.add_usage(usage);
+    }
+}
+
+/// How a compiled handler is entered in a store of guest state `W`.
+trait Entry<W>: Sync {
+    fn call<'s>(
+        &'s self,
+        store: &'s mut Store<TaskState<W>>,
+    ) -> impl Future<Output = Ending> + Send + 's;
+}
+
+/// A module's instance-pre and its `_start`.
+struct ModuleEntry<'a> {
+    pre: &'a InstancePre<StoreState>,
+    start: &'a ModuleExport,
+}
+
+impl Entry<GuestWasi> for ModuleEntry<'_> {
+    fn call<'s>(
+        &'s self,
+        store: &'s mut Store<StoreState>,
+    ) -> impl Future<Output = Ending> + Send + 's {
+        call_start(self.pre, self.start, store)
+    }
+}
+
+impl Entry<ComponentWasi> for CommandPre<ComponentState> {
+    fn call<'s>(
+        &'s self,
+        store: &'s mut Store<ComponentState>,
+    ) -> impl Future<Output = Ending> + Send + 's {
+        call_run(self, store)
+    }
+}
+
+async fn call_start(
+    pre: &InstancePre<StoreState>,
+    start: &ModuleExport,
+    store: &mut Store<StoreState>,
+) -> Ending {
+    let instance = match pre.instantiate_async(&mut *store).await {
         Ok(instance) => instance,
         Err(e) => return Ending::InstantiateFailed(e),
     };
-    let start = instance
-        .get_module_export(&mut *store, &module.start)
-        .and_then(|export| export.into_func());
+    let start =
+        instance.get_module_export(&mut *store, start).and_then(|export| export.into_func());
     let Some(start) = start else {
         // Unreachable for a validated module; reported rather than panicked on.
         return Ending::InstantiateFailed(wasmtime::Error::msg("`_start` export vanished"));
@@ -154,13 +254,14 @@ async fn call_start(module: &CompiledModule, store: &mut Store<StoreState>) -> E
     }
 }
 
-fn finish(outcome: Outcome, stderr: &BoundedOutput, started: Instant, fuel_used: u64) -> Execution {
+/// The execution of a run that never reached the guest: it used nothing.
+fn finish(outcome: Outcome, stderr: &BoundedOutput, started: Instant) -> Execution {
     let err = stderr.take();
     Execution {
         outcome,
         stderr: String::from_utf8_lossy(&err.bytes).into_owned(),
         stderr_truncated: err.overflowed,
         duration: started.elapsed(),
-        fuel_used,
+        usage: Usage::default(),
     }
 }

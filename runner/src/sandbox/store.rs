@@ -5,8 +5,10 @@
 //!
 //! Invariants:
 //! - a guest sees exactly: stdin = its payload, bounded stdout/stderr, the four `SWEEP_*`
-//!   environment variables, no args, no preopened directories, no network, no host env, and
-//!   no blocking of the host thread (WASI sleeps are tokio timers); see `wasi` for how;
+//!   environment variables and those in its `capabilities.env` (after them), no args, no
+//!   preopened directories, no host env, no network but a component's outbound HTTP under
+//!   its capabilities (`http`), and no blocking of the host thread (WASI sleeps are tokio
+//!   timers); see `wasi` and `component` for how;
 //! - a memory growth past the task's limit (or one we allowed that then failed) is refused
 //!   with a trap *and* recorded in `TaskLimiter::memory_denied`, so `MemoryLimit` is read from
 //!   a flag set by our own code;
@@ -17,8 +19,8 @@ use std::time::Instant;
 
 use wasmtime::{Engine, ResourceLimiter, Store, UpdateDeadline};
 
+use super::capabilities::Capabilities;
 use super::config::Limits;
-use super::pipes::BoundedOutput;
 use super::wasi::GuestWasi;
 
 /// Table elements a guest table may grow to (matches the pooling allocator's default slot).
@@ -37,6 +39,9 @@ pub struct TaskInput {
     pub max_attempts: u32,
     /// The payload as JSON text; the guest reads it from stdin.
     pub payload: Vec<u8>,
+    /// What the run is given beyond computing: hosts it may reach over HTTP (components
+    /// only), its HTTP limits, and environment variables (secrets) after the `SWEEP_*` ones.
+    pub capabilities: Capabilities,
 }
 
 impl TaskInput {
@@ -55,6 +60,7 @@ impl TaskInput {
             max_attempts,
             // Serializing a `Value` only fails for non-string map keys, which `Value` can't have.
             payload: serde_json::to_vec(payload).unwrap_or_default(),
+            capabilities: Capabilities::none(),
         }
     }
 }
@@ -72,11 +78,16 @@ pub(crate) struct MemoryLimitExceeded {
 #[error("wall-clock deadline exceeded")]
 pub(crate) struct DeadlineExceeded;
 
-/// Memory/table limiter for one store; records whether it refused memory.
+/// Memory/table limiter for one store; records whether it refused memory and the most it
+/// granted.
 #[derive(Debug)]
 pub(crate) struct TaskLimiter {
     pub(super) memory_bytes: usize,
     pub memory_denied: bool,
+    /// The largest size a memory was allowed to reach (its initial size included: wasmtime
+    /// asks the limiter for that too), in bytes.
+    pub peak_memory_bytes: usize,
+    pub(super) shape: StoreShape,
 }
 
 impl ResourceLimiter for TaskLimiter {
@@ -94,7 +105,11 @@ impl ResourceLimiter for TaskLimiter {
             }));
         }
         // Growing past the module's own declared maximum is ordinary wasm: grow returns -1.
-        Ok(maximum.is_none_or(|max| desired <= max))
+        let allowed = maximum.is_none_or(|max| desired <= max);
+        if allowed {
+            self.peak_memory_bytes = self.peak_memory_bytes.max(desired);
+        }
+        Ok(allowed)
     }
 
     fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
@@ -114,11 +129,11 @@ impl ResourceLimiter for TaskLimiter {
     }
 
     fn instances(&self) -> usize {
-        1
+        self.shape.instances
     }
 
     fn tables(&self) -> usize {
-        1
+        self.shape.tables
     }
 
     fn memories(&self) -> usize {
@@ -126,9 +141,10 @@ impl ResourceLimiter for TaskLimiter {
     }
 }
 
-/// The `T` of every task's `Store<T>`.
-pub(crate) struct StoreState {
-    pub wasi: GuestWasi,
+/// The `T` of every task's `Store<T>`: the guest's WASI state `W` (a module's
+/// [`GuestWasi`], a component's `ComponentWasi`) and what limits the run.
+pub(crate) struct TaskState<W> {
+    pub wasi: W,
     pub limiter: TaskLimiter,
     /// `None` only if `started + timeout` overflows `Instant` (then only the tokio timeout,
     /// which saturates, applies).
@@ -136,9 +152,12 @@ pub(crate) struct StoreState {
     pub deadline_hit: bool,
 }
 
-impl std::fmt::Debug for StoreState {
+/// A preview-1 module's store state.
+pub(crate) type StoreState = TaskState<GuestWasi>;
+
+impl<W> std::fmt::Debug for TaskState<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreState")
+        f.debug_struct("TaskState")
             .field("limiter", &self.limiter)
             .field("deadline", &self.deadline)
             .field("deadline_hit", &self.deadline_hit)
@@ -146,20 +165,42 @@ impl std::fmt::Debug for StoreState {
     }
 }
 
-/// A fresh store for one run, with fuel, limiter and epoch callback installed.
-pub(crate) fn new_store(
+/// How many core instances and tables one store may hold: 1 and 1 for a module; a
+/// component is several core modules (its code and the adapters its toolchain adds), each
+/// an instance, most with a table. Memories stay at 1 either way: the limiter bounds each
+/// memory by the task's limit, so one memory keeps the limit the task's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StoreShape {
+    pub instances: usize,
+    pub tables: usize,
+}
+
+impl StoreShape {
+    pub(crate) const MODULE: StoreShape = StoreShape { instances: 1, tables: 1 };
+    pub(crate) const COMPONENT: StoreShape =
+        StoreShape { instances: COMPONENT_CORE_INSTANCES, tables: COMPONENT_CORE_INSTANCES };
+}
+
+/// Core instances (and tables) one component may create: `wasm32-wasip2` Rust components
+/// have 3 to 4 (the program, a shim and its fix-up, sometimes an adapter).
+pub(crate) const COMPONENT_CORE_INSTANCES: usize = 8;
+
+/// A fresh store for one run of a guest with WASI state `wasi`, with fuel, limiter and epoch
+/// callback installed.
+pub(crate) fn new_store<W: Send + 'static>(
     engine: &Engine,
-    input: &TaskInput,
+    wasi: W,
+    shape: StoreShape,
     limits: &Limits,
     started: Instant,
-    stdout: &BoundedOutput,
-    stderr: &BoundedOutput,
-) -> wasmtime::Result<Store<StoreState>> {
-    let state = StoreState {
-        wasi: GuestWasi::new(input, stdout, stderr),
+) -> wasmtime::Result<Store<TaskState<W>>> {
+    let state = TaskState {
+        wasi,
         limiter: TaskLimiter {
             memory_bytes: usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX),
             memory_denied: false,
+            peak_memory_bytes: 0,
+            shape,
         },
         deadline: started.checked_add(limits.timeout),
         deadline_hit: false,
@@ -184,7 +225,12 @@ mod tests {
     use super::*;
 
     fn limiter(memory_bytes: usize) -> TaskLimiter {
-        TaskLimiter { memory_bytes, memory_denied: false }
+        TaskLimiter {
+            memory_bytes,
+            memory_denied: false,
+            peak_memory_bytes: 0,
+            shape: StoreShape::MODULE,
+        }
     }
 
     #[test]
@@ -192,6 +238,7 @@ mod tests {
         let mut l = limiter(1 << 20);
         assert!(l.memory_growing(0, 1 << 20, None)?);
         assert!(!l.memory_denied);
+        assert_eq!(l.peak_memory_bytes, 1 << 20);
         Ok(())
     }
 
@@ -215,6 +262,7 @@ mod tests {
         let mut l = limiter(1 << 30);
         assert!(!l.memory_growing(0, 1 << 17, Some(1 << 16))?);
         assert!(!l.memory_denied);
+        assert_eq!(l.peak_memory_bytes, 0, "a refused growth is not a peak");
         Ok(())
     }
 

@@ -55,39 +55,50 @@ pub(crate) struct GuestWasi {
     full: Option<WasiP1Ctx>,
 }
 
-/// What the `SWEEP_*` variables say, kept unformatted: most guests never read them.
-struct TaskEnv {
+/// What the `SWEEP_*` variables say, kept unformatted (most guests never read them), and the
+/// variables the run was given (its module's secrets).
+pub(crate) struct TaskEnv {
     task_id: String,
     task_type: String,
     attempt: u32,
     max_attempts: u32,
+    given: Vec<(String, String)>,
 }
 
 impl TaskEnv {
-    /// The variables, in the order a guest sees them.
-    fn vars(&self) -> [(&'static str, Cow<'_, str>); 4] {
+    pub(crate) fn new(input: &TaskInput) -> TaskEnv {
+        TaskEnv {
+            task_id: input.task_id.clone(),
+            task_type: input.task_type.clone(),
+            attempt: input.attempt,
+            max_attempts: input.max_attempts,
+            given: input.capabilities.env.clone(),
+        }
+    }
+
+    /// The variables, in the order a guest sees them: the four `SWEEP_*` ones, then those the
+    /// run was given, in their order.
+    pub(crate) fn vars(&self) -> impl Iterator<Item = (&str, Cow<'_, str>)> {
         [
-            ("SWEEP_TASK_ID", Cow::Borrowed(&self.task_id)),
-            ("SWEEP_TASK_TYPE", Cow::Borrowed(&self.task_type)),
+            ("SWEEP_TASK_ID", Cow::Borrowed(self.task_id.as_str())),
+            ("SWEEP_TASK_TYPE", Cow::Borrowed(self.task_type.as_str())),
             ("SWEEP_ATTEMPT", Cow::Owned(self.attempt.to_string())),
             ("SWEEP_MAX_ATTEMPTS", Cow::Owned(self.max_attempts.to_string())),
         ]
+        .into_iter()
+        .chain(self.given.iter().map(|(k, v)| (k.as_str(), Cow::Borrowed(v.as_str()))))
     }
 }
 
 impl GuestWasi {
-    /// Stdin = the payload, stdout/stderr = the run's buffers, the four `SWEEP_*` variables.
+    /// Stdin = the payload, stdout/stderr = the run's buffers, the four `SWEEP_*` variables
+    /// and the ones the run was given.
     pub(crate) fn new(input: &TaskInput, stdout: &BoundedOutput, stderr: &BoundedOutput) -> Self {
         GuestWasi {
             stdin: Bytes::from(input.payload.clone()),
             stdout: stdout.clone(),
             stderr: stderr.clone(),
-            env: TaskEnv {
-                task_id: input.task_id.clone(),
-                task_type: input.task_type.clone(),
-                attempt: input.attempt,
-                max_attempts: input.max_attempts,
-            },
+            env: TaskEnv::new(input),
             full: None,
         }
     }
@@ -161,9 +172,12 @@ impl GuestWasi {
 
     /// `environ_sizes_get`: how many variables, and the bytes of their `key=value\0` strings.
     fn environ_sizes(&self) -> Result<(u32, u32), types::Error> {
-        let env = self.env.vars();
-        let bytes: usize = env.iter().map(|(k, v)| k.len() + 1 + v.len() + 1).sum();
-        Ok((u32::try_from(env.len())?, u32::try_from(bytes)?))
+        let (mut count, mut bytes) = (0usize, 0usize);
+        for (k, v) in self.env.vars() {
+            count += 1;
+            bytes += k.len() + 1 + v.len() + 1;
+        }
+        Ok((u32::try_from(count)?, u32::try_from(bytes)?))
     }
 
     /// `environ_get`: a pointer per variable at `environ`, the strings from `buf` on.

@@ -10,7 +10,8 @@ use serde_json::json;
 use wasmtime::{Linker, Module};
 
 use super::pipes::{BoundedOutput, Overflow};
-use super::store::{new_store, StoreState};
+use super::store::{new_store, StoreShape, StoreState};
+use super::wasi::GuestWasi;
 use super::{wasi, Limits, Sandbox, SandboxConfig, TaskInput};
 
 /// A probe module: the WASI calls under test, a memory, `$rec` to append an i32 to the
@@ -74,7 +75,8 @@ async fn run(body: &str, payload: &[u8], stdout_limit: usize, served: bool) -> S
     input.payload = payload.to_vec();
     let stdout = BoundedOutput::new(stdout_limit, Overflow::Stop);
     let stderr = BoundedOutput::new(100, Overflow::KeepTail);
-    let mut store = new_store(engine, &input, &Limits::DEFAULT, Instant::now(), &stdout, &stderr)
+    let wasi = GuestWasi::new(&input, &stdout, &stderr);
+    let mut store = new_store(engine, wasi, StoreShape::MODULE, &Limits::DEFAULT, Instant::now())
         .expect("store");
     let instance = linker.instantiate_async(&mut store, &module).await.expect("instantiate");
     let start = instance.get_typed_func::<(), ()>(&mut store, "_start").expect("_start");

@@ -4,7 +4,10 @@
 //! Runs on the guest runtime (see `guests.rs`). Its one database read, the module's bytes on a
 //! cache miss, is sent to the control runtime, so no connection is ever opened or driven by
 //! threads that guests keep busy. A cancel (`cancels.rs`) reaches the run through `cancelled`:
-//! the sandbox stops the instance and the report carries how long that took.
+//! the sandbox stops the instance and the report carries how long that took. What the task is
+//! given beyond computing (egress, HTTP limits, secrets) comes from the runner's
+//! `CapabilityCache`; a run given secrets has them redacted from what it leaves behind before
+//! anything records it.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -13,13 +16,14 @@ use tokio::sync::oneshot;
 
 use tracing::{field::Empty, Instrument};
 
+use super::capabilities::{redact, CapabilityCache, Granted};
 use super::minutes::Tally;
 use super::Report;
 use crate::errors::error_chain;
 use crate::{
     config::WorkerConfig,
     queue::{self, ClaimedTask, FailureKind, ModuleSettings, Store},
-    sandbox::{Execution, LimitOverrides, Limits, ModuleCache, Outcome, Sandbox, TaskInput},
+    sandbox::{Execution, LimitOverrides, Limits, ModuleCache, Outcome, Sandbox, TaskInput, Usage},
 };
 
 #[allow(clippy::too_many_arguments)]
@@ -28,6 +32,7 @@ pub(super) async fn execute(
     control: &tokio::runtime::Handle,
     sandbox: &Sandbox,
     modules: &ModuleCache,
+    capabilities: &CapabilityCache,
     config: &WorkerConfig,
     minutes: &Tally,
     task: ClaimedTask,
@@ -78,20 +83,36 @@ pub(super) async fn execute(
                 let execution = match loaded {
                     None => not_run(Outcome::Cancelled),
                     Some(Ok(compiled)) => {
-                        let limits = Limits::resolve(
-                            &config.sandbox.defaults,
-                            &overrides(&module.settings, task.max_result_bytes),
-                            &config.sandbox.maxima,
-                        );
-                        // The payload's JSON text as claimed, not re-serialised.
-                        let input = TaskInput {
-                            task_id: task.id.to_string(),
-                            task_type: task.task_type.clone(),
-                            attempt: u32::try_from(task.attempt).unwrap_or(0),
-                            max_attempts: u32::try_from(task.max_attempts).unwrap_or(0),
-                            payload: task.payload.as_bytes().to_vec(),
-                        };
-                        sandbox.run_cancellable(&compiled, &input, &limits, &mut cancel).await
+                        let (tenant, task_type) = (&task.tenant, &task.task_type);
+                        let granted =
+                            capabilities.get(store, control, tenant, task_type, module.version);
+                        match granted.await.as_deref() {
+                            Err(why) => not_run(Outcome::RunnerError(why.clone())),
+                            Ok(Granted::Refused(why)) => {
+                                not_run(Outcome::SecretsUnavailable(why.clone()))
+                            }
+                            Ok(Granted::Given { capabilities, redactor }) => {
+                                let limits = Limits::resolve(
+                                    &config.sandbox.defaults,
+                                    &overrides(&module.settings, task.max_result_bytes),
+                                    &config.sandbox.maxima,
+                                );
+                                // The payload's JSON text as claimed, not re-serialised.
+                                let input = TaskInput {
+                                    task_id: task.id.to_string(),
+                                    task_type: task.task_type.clone(),
+                                    attempt: u32::try_from(task.attempt).unwrap_or(0),
+                                    max_attempts: u32::try_from(task.max_attempts).unwrap_or(0),
+                                    payload: task.payload.as_bytes().to_vec(),
+                                    capabilities: capabilities.clone(),
+                                };
+                                let mut done = sandbox
+                                    .run_cancellable(&compiled, &input, &limits, &mut cancel)
+                                    .await;
+                                redact(&mut done, redactor);
+                                done
+                            }
+                        }
                     }
                     Some(Err(e)) => {
                         let why = error_chain(&e);
@@ -199,7 +220,7 @@ fn not_run(outcome: Outcome) -> Execution {
         stderr: String::new(),
         stderr_truncated: false,
         duration: Duration::ZERO,
-        fuel_used: 0,
+        usage: Usage::default(),
     }
 }
 
@@ -208,10 +229,13 @@ fn record(task: &ClaimedTask, execution: &Execution, stopped_in: Option<Duration
     let kind = execution.outcome.label();
     span.record("outcome", kind);
     span.record("duration_ms", execution.duration.as_secs_f64() * 1000.0);
-    span.record("fuel", execution.fuel_used);
+    span.record("fuel", execution.usage.fuel_used);
     metrics::counter!(crate::metrics::TASK_OUTCOMES, "kind" => kind).increment(1);
     metrics::histogram!(crate::metrics::TASK_DURATION).record(execution.duration.as_secs_f64());
-    metrics::histogram!(crate::metrics::TASK_FUEL).record(execution.fuel_used as f64);
+    metrics::histogram!(crate::metrics::TASK_FUEL).record(execution.usage.fuel_used as f64);
+    if !matches!(execution.outcome, Outcome::NoCapacity(_)) {
+        count_usage(&task.tenant, execution);
+    }
     if let Some(stop) = stopped_in {
         metrics::histogram!(crate::metrics::CANCEL_STOP).record(stop.as_secs_f64());
         tracing::info!(
@@ -225,6 +249,26 @@ fn record(task: &ClaimedTask, execution: &Execution, stopped_in: Option<Duration
         let message = execution.failure_message().unwrap_or_default();
         tracing::info!(attempt = task.attempt, error = %message, "task failed");
     }
+}
+
+/// The tenant's usage counters (what a platform bills on), per attempt that ran or was
+/// refused its secrets.
+fn count_usage(tenant: &str, execution: &Execution) {
+    use crate::metrics::{
+        LABEL_TENANT, TENANT_ATTEMPTS, TENANT_BYTES_RECEIVED, TENANT_BYTES_SENT, TENANT_FUEL,
+        TENANT_HTTP_REFUSED, TENANT_HTTP_REQUESTS, TENANT_WALL,
+    };
+    let u = &execution.usage;
+    let t = || tenant.to_owned();
+    metrics::counter!(TENANT_ATTEMPTS, LABEL_TENANT => t()).increment(1);
+    metrics::counter!(TENANT_FUEL, LABEL_TENANT => t()).increment(u.fuel_used);
+    metrics::counter!(TENANT_HTTP_REQUESTS, LABEL_TENANT => t()).increment(u.http_requests.into());
+    metrics::counter!(TENANT_HTTP_REFUSED, LABEL_TENANT => t()).increment(u.http_refused.into());
+    metrics::counter!(TENANT_BYTES_SENT, LABEL_TENANT => t()).increment(u.bytes_sent);
+    metrics::counter!(TENANT_BYTES_RECEIVED, LABEL_TENANT => t()).increment(u.bytes_received);
+    // Milliseconds: counters are integers, and most attempts take less than a second.
+    metrics::counter!(TENANT_WALL, LABEL_TENANT => t())
+        .increment(u64::try_from(execution.duration.as_millis()).unwrap_or(u64::MAX));
 }
 
 #[cfg(test)]

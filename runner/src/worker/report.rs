@@ -36,7 +36,8 @@ use super::liveness::{HeldLeases, Reachability};
 use crate::{
     config::WorkerConfig,
     queue::{
-        self, ClaimedTask, Completion, Failure, FailureKind, QueueError, RetryPolicy, Store, TaskId,
+        self, AttemptUsage, ClaimedTask, Completion, Failure, FailureKind, QueueError, RetryPolicy,
+        Store, TaskId,
     },
     sandbox::{Execution, Outcome},
 };
@@ -323,6 +324,7 @@ fn json_len(v: &serde_json::Value) -> usize {
 
 /// A successful report, moved (results and logs can be large: no copies on the hot path).
 fn completion(r: Report) -> Completion {
+    let usage = attempt_usage(&r.execution);
     let result = match r.execution.outcome {
         Outcome::Success(value) => value,
         _ => serde_json::Value::Null,
@@ -335,6 +337,7 @@ fn completion(r: Report) -> Completion {
         module_sha256: r.module_sha256,
         logs: (!stderr.is_empty()).then_some(stderr),
         follow_ups: r.follow_ups.unwrap_or_default(),
+        usage: Some(usage),
     }
 }
 
@@ -342,7 +345,7 @@ fn failure(r: &Report, rng: &mut impl rand::Rng) -> Failure {
     let e = &r.execution;
     let mut detail = json!({
         "duration_ms": u64::try_from(e.duration.as_millis()).unwrap_or(u64::MAX),
-        "fuel_used": e.fuel_used,
+        "fuel_used": e.usage.fuel_used,
     });
     if !e.stderr.is_empty() {
         detail["stderr"] = json!(e.stderr);
@@ -374,6 +377,22 @@ fn failure(r: &Report, rng: &mut impl rand::Rng) -> Failure {
         retry_delay: r.retry.delay(u32::try_from(r.task.attempt).unwrap_or(0), rng),
         detail,
         module_sha256: r.module_sha256.clone(),
+        usage: Some(attempt_usage(e)),
+    }
+}
+
+/// What the run used, as the queue records it per attempt (saturating at `i64::MAX`).
+fn attempt_usage(e: &Execution) -> AttemptUsage {
+    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let u = &e.usage;
+    AttemptUsage {
+        duration_ms: i64::try_from(e.duration.as_millis()).unwrap_or(i64::MAX),
+        fuel_used: n(u.fuel_used),
+        peak_memory_bytes: n(u.peak_memory_bytes),
+        http_requests: u.http_requests.into(),
+        http_refused: u.http_refused.into(),
+        bytes_sent: n(u.bytes_sent),
+        bytes_received: n(u.bytes_received),
     }
 }
 

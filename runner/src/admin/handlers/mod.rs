@@ -4,13 +4,16 @@
 //! Invariant: every queue call passes the caller's tenant scope, so another tenant's rows
 //! are never read or written and answer 404 as if absent.
 
+pub mod egress;
 pub mod modules;
 pub mod ops;
 pub mod queues;
 pub mod schedules;
+pub mod secrets;
 pub mod tasks;
 pub mod tenants;
 pub mod workflows;
+pub mod usage;
 
 use serde::Serialize;
 use warp::http::StatusCode;

@@ -1,7 +1,8 @@
 //! Module routes: upload (validate, then register), list, show versions, activate.
 //!
 //! Invariants: an upload is checked in the order cheapest first (task type, parameters,
-//! content type, limits against caps, size, structural limits) before the module is compiled;
+//! content type, limits against caps, the secrets it names, size, structural limits) before
+//! the module is compiled;
 //! compiling goes through the sandbox's compiler (a budgeted child process in `sweep`) from
 //! the blocking pool, at most `max_concurrent_validations` at once and one per tenant, and is
 //! abandoned after `validation_timeout`; only a module the sandbox accepted is stored, and
@@ -20,7 +21,8 @@ use crate::admin::error::ApiError;
 use crate::admin::models::{ActivateRequest, ModulesResponse, UploadResponse, WasmModule};
 use crate::admin::openapi as doc;
 use crate::admin::params::{
-    resolve_limits, ModuleListParams, Query, RequestedLimits, TaskTypePath, TenantParam,
+    resolve_limits, secret_names, ModuleListParams, Query, RequestedLimits, SecretsParam,
+    TaskTypePath, TenantParam,
 };
 use crate::admin::AdminState;
 use crate::queue::{self, ModuleVersion};
@@ -39,12 +41,12 @@ fn check_task_type(task_type: &str) -> Result<(), ApiError> {
     operation_id = "upload_module",
     tag = "modules",
     security(("bearer" = [])),
-    params(TaskTypePath, TenantParam, RequestedLimits),
+    params(TaskTypePath, TenantParam, RequestedLimits, SecretsParam),
     // Described as `application/octet-stream` only, which generated clients send a file as
     // (openapi-python-client skips an operation whose only body type is one it does not know,
     // and warns about any); `application/wasm` is accepted the same and is what the CLI sends.
     request_body(
-        description = "The module: a WASI preview-1 command built for wasm32-wasip1, as raw bytes. `Content-Type: application/wasm` is accepted as well.",
+        description = "The handler, as raw bytes: a WASI preview-1 command module (wasm32-wasip1) or a WASI 0.2 component exporting `wasi:cli/run` (wasm32-wasip2); which one is told from the bytes. `Content-Type: application/wasm` is accepted as well.",
         content = WasmModule,
         content_type = "application/octet-stream",
     ),
@@ -75,6 +77,7 @@ where
     let mut q = Query::new(query)?;
     let tenant = q.take("tenant");
     let requested = RequestedLimits::from_query(&mut q)?;
+    let secrets = q.take("secrets").map(|raw| secret_names(&raw)).transpose()?.unwrap_or_default();
     q.finish()?;
     check_content_type(content_type.as_deref(), WASM)
         .or_else(|_| check_content_type(content_type.as_deref(), OCTET_STREAM))
@@ -86,6 +89,7 @@ where
         })?;
     let (tenant, caps) = caller.write_target(state.store(), tenant.as_deref()).await?;
     let (settings, limits) = resolve_limits(&requested, &caps, state.sandbox().config())?;
+    check_secrets_exist(&state, &tenant, &secrets).await?;
 
     let tenant_limit = caps.max_module_bytes.and_then(|b| usize::try_from(b).ok());
     let limit = state.config().max_module_bytes.min(tenant_limit.unwrap_or(usize::MAX));
@@ -93,9 +97,16 @@ where
     let compiled = validate(&state, &tenant, bytes.clone(), limits.memory_bytes).await?;
     let info = compiled.info().clone();
 
-    let registered =
-        queue::register_module(state.store(), &tenant, &task_type, &info.sha256, &bytes, &settings)
-            .await?;
+    let registered = queue::register_module_with_secrets(
+        state.store(),
+        &tenant,
+        &task_type,
+        &info.sha256,
+        &bytes,
+        &settings,
+        &secrets,
+    )
+    .await?;
     if let Some(cache) = state.modules() {
         cache.insert_compiled(compiled).await;
     }
@@ -109,10 +120,37 @@ where
         sha256: m.sha256,
         size: m.size,
         created: registered.created,
+        kind: info.kind.as_str().to_owned(),
         wasi_imports: info.wasi_imports,
         limits,
+        secrets: m.secrets,
     };
     Ok(created_or_ok(registered.created, &answer))
+}
+
+/// Refuses (422 `unknown_secret`) a module that names secrets its tenant does not hold.
+async fn check_secrets_exist(
+    state: &AdminState,
+    tenant: &str,
+    secrets: &[String],
+) -> Result<(), ApiError> {
+    if secrets.is_empty() {
+        return Ok(());
+    }
+    let missing = queue::missing_secrets(state.store(), tenant, secrets).await?;
+    match missing.as_slice() {
+        [] => Ok(()),
+        [one] => Err(ApiError::unprocessable(
+            "unknown_secret",
+            format!(
+                "tenant {tenant:?} has no secret {one:?}; set it first with PUT /v1/secrets/{one}"
+            ),
+        )),
+        many => Err(ApiError::unprocessable(
+            "unknown_secret",
+            format!("tenant {tenant:?} has no secrets {}; set them first", many.join(", ")),
+        )),
+    }
 }
 
 /// The compiled module for `bytes`, for a module that runs with at most `memory_limit_bytes`:

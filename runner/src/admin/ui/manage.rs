@@ -35,7 +35,7 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
                     th { "tenant" } th { "task type" } th.num { "version" } th { "active" }
                     th { "sha256" } th.num { "size" } th.num { "fuel" } th.num { "timeout ms" }
                     th.num { "memory bytes" } th.num { "max attempts" } th.num { "backoff ms" }
-                    th.num { "max running" } th { "uploaded" } th {}
+                    th.num { "max running" } th { "secrets" } th { "uploaded" } th {}
                 } }
                 tbody {
                     @for m in &versions {
@@ -50,6 +50,7 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
                             td.num { (limit(m.settings.max_attempts.map(i64::from))) }
                             td.num { (limit(m.settings.backoff_base_ms)) " – " (limit(m.settings.backoff_cap_ms)) }
                             td.num { (limit(m.settings.max_running.map(i64::from))) }
+                            td { @if m.secrets.is_empty() { "-" } @else { code { (m.secrets.join(", ")) } } }
                             td { (time(m.created_at)) }
                             td {
                                 @if !m.active && !s.read_only() {

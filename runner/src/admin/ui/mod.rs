@@ -3,7 +3,8 @@
 //!
 //! Files: `session` (cookie login, CSRF), `layout` (page shell, errors, helpers), `chart`
 //! (inline SVG), `overview`, `tasks` (list, detail), `dead` (dead letters, requeue), `manage`
-//! (modules and activation, tenants and weights), `static/` (htmx, CSS).
+//! (modules and activation, tenants and weights), `usage` (usage per task type and day),
+//! `static/` (htmx, CSS).
 //!
 //! Invariants:
 //! - every page but the login and static files needs a session; without one it redirects to
@@ -26,6 +27,7 @@ mod schedules;
 mod session;
 mod tasks;
 mod workflows;
+mod usage;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -361,6 +363,12 @@ pub fn routes(state: AdminState) -> BoxedFilter<(Response,)> {
         .and(cookie())
         .and(q())
         .then(|state, cookie, q| get(state, cookie, q, runners::list));
+    let usage_page = warp::path!("usage")
+        .and(warp::get())
+        .and(with(&state))
+        .and(cookie())
+        .and(q())
+        .then(|state, cookie, q| get(state, cookie, q, usage::page_usage));
     let console = queue_list
         .or(queue_act)
         .unify()
@@ -379,6 +387,8 @@ pub fn routes(state: AdminState) -> BoxedFilter<(Response,)> {
         .or(workflow)
         .unify()
         .or(workflow_cancel)
+        .unify()
+        .or(usage_page)
         .unify();
 
     let assets = htmx.or(css).unify().or(login_page).unify().or(login).unify().or(logout).unify();

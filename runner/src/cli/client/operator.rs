@@ -57,7 +57,8 @@ pub struct AdminArgs {
 /// `sweep admin`: the API without a runner, until SIGINT/SIGTERM. Uploads are validated with
 /// the built-in sandbox limits; each runner still caps limits by its own maxima.
 pub async fn admin(args: AdminArgs) -> anyhow::Result<()> {
-    let config = args.server.to_config();
+    let config =
+        AdminConfig { secrets_key: crate::cli::secrets_key_from_env()?, ..args.server.to_config() };
     config.validate().context("invalid admin API settings")?;
     if config.operator_token.is_none() {
         tracing::warn!(
@@ -114,6 +115,10 @@ pub enum TenantCommand {
     /// Set or clear some of a tenant's caps (operator token; through the admin API). Caps not
     /// named keep their value; `none` clears one (no cap beyond the runner's maxima).
     Caps(TenantCapsArgs),
+    /// Show a tenant's egress policy (the hosts its handlers may send HTTP requests to) and
+    /// HTTP limits, or replace them with --allow / --none and the limit flags (operator token
+    /// to change; through the admin API). Default for every tenant: nothing allowed.
+    Egress(super::capabilities::EgressArgs),
     /// Create an extra token for a tenant and print it (shown once; talks to Postgres
     /// directly). Only read-only tokens exist: they see everything the tenant sees, in the API
     /// (GET routes) and the dashboard, and change nothing (403 `read_only`).
@@ -287,6 +292,7 @@ pub async fn tenant(command: TenantCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        TenantCommand::Egress(args) => super::capabilities::egress(args).await,
         TenantCommand::Caps(args) => {
             let body = caps_body(&args)?;
             let api = super::Api::new(args.client)?;

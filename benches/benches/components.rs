@@ -1,0 +1,88 @@
+//! What a WASI 0.2 component costs the sandbox next to a preview-1 module, and what the egress
+//! check costs an outbound request.
+//!
+//! run with `cargo bench -p sweep-benches --bench components` (after `scripts/build-modules.sh
+//! noop component-noop component-probe`)
+//!
+//! - `components/pooled/{module_noop,component_noop}`: `Sandbox::run` of the Rust no-op as a
+//!   preview-1 module (`modules/noop`, the SDK) and as a component (`components/component-noop`,
+//!   the same work: read the payload, parse it, write `{}`), in the same run; the target is
+//!   component / module ≤ 1.5;
+//! - `egress/check`: the egress layer's decision for one request (`allows_host` on the URL's
+//!   host, `allows_address` on the address to dial) against a 10-entry allow list;
+//! - `egress/loopback_request`: one component run that sends one request to a loopback server
+//!   it is allowed to reach, less nothing: the check is part of it. The check's share of a
+//!   request is `egress/check` over this.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use serde_json::json;
+use sweep::sandbox::{
+    Capabilities, EgressPolicy, Limits, Outcome, Sandbox, SandboxConfig, TaskInput,
+};
+use sweep_benches::{noop_wasm, runtime};
+use sweep_dev::mail::{MailApi, Reply};
+use sweep_dev::modules::component_bytes;
+
+fn noops(c: &mut Criterion) {
+    let rt = runtime();
+    let input = TaskInput::new("1", "noop", 1, 5, &json!({ "i": 1 }));
+    let limits = Limits::DEFAULT;
+    let sandbox = Sandbox::new(SandboxConfig::default()).expect("sandbox");
+    let mut group = c.benchmark_group("components/pooled");
+    group.throughput(Throughput::Elements(1));
+    for (name, bytes) in
+        [("module_noop", noop_wasm()), ("component_noop", component_bytes("component-noop"))]
+    {
+        let handler = sandbox.compile(&bytes).expect("compile");
+        let first = rt.block_on(sandbox.run(&handler, &input, &limits));
+        assert!(matches!(first.outcome, Outcome::Success(_)), "{name}: {first:?}");
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter(|| sandbox.run(&handler, &input, &limits))
+        });
+    }
+    group.finish();
+}
+
+fn egress(c: &mut Criterion) {
+    let rt = runtime();
+    let api = rt.block_on(MailApi::start(Reply::MessageId)).expect("server");
+    let mut entries: Vec<String> = (0..8).map(|i| format!("api{i}.mail.example")).collect();
+    entries.push("*.example.org".to_owned());
+    entries.push(api.allow_entry());
+    let policy = EgressPolicy::parse(&entries).expect("policy");
+    let public: SocketAddr = "93.184.216.34:443".parse().expect("address");
+
+    let mut group = c.benchmark_group("egress");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("check", |b| {
+        b.iter(|| {
+            let host = std::hint::black_box("hooks.eu.example.org");
+            let allowed = policy.allows_host(host, 443)
+                && policy.allows_address(std::hint::black_box(public));
+            assert!(allowed);
+        })
+    });
+
+    let sandbox = Sandbox::new(SandboxConfig::default()).expect("sandbox");
+    let probe = sandbox.compile(&component_bytes("component-probe")).expect("compile");
+    let caps = Capabilities { egress: Arc::new(policy), ..Capabilities::none() };
+    let payload =
+        json!({"do": "fetch", "requests": [{"url": api.url(), "method": "POST", "body": {}}]});
+    let input = TaskInput { capabilities: caps, ..TaskInput::new("1", "fetch", 1, 5, &payload) };
+    let limits = Limits::DEFAULT;
+    let first = rt.block_on(sandbox.run(&probe, &input, &limits));
+    match &first.outcome {
+        Outcome::Success(v) if v[0]["status"] == 200 => {}
+        other => panic!("the probe's request failed: {other:?} {}", first.stderr),
+    }
+    group.bench_function("loopback_request", |b| {
+        b.to_async(&rt).iter(|| sandbox.run(&probe, &input, &limits))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, noops, egress);
+criterion_main!(benches);

@@ -1,0 +1,170 @@
+//! Capabilities through a real runner: a task whose module names secrets runs only when the
+//! runner can open them (else `secrets_unavailable`, the guest never started); what it leaves
+//! behind is redacted of their values; every attempt's usage is kept with it and added to the
+//! day's totals.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use sweep::config::WorkerConfig;
+use sweep::queue::{self, ModuleSettings, NewTask, PutSecret};
+use sweep::sandbox::sha256_hex;
+use sweep::secrets::SecretsKey;
+
+const SECRET: &str = "sk-live-4f9a2c7e1b";
+
+/// Writes `out` to stdout and `err` to stderr, then exits with `code`.
+fn writer(out: &str, err: &str, code: i32) -> Vec<u8> {
+    let esc = |s: &str| s.replace('"', "\\22").replace('\n', "\\0a");
+    wat::parse_str(format!(
+        r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "proc_exit" (func $proc_exit (param i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 100) "{out}")
+  (data (i32.const 2000) "{err}")
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 100))
+    (i32.store (i32.const 4) (i32.const {out_len}))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+    (i32.store (i32.const 0) (i32.const 2000))
+    (i32.store (i32.const 4) (i32.const {err_len}))
+    (drop (call $fd_write (i32.const 2) (i32.const 0) (i32.const 1) (i32.const 8)))
+    (call $proc_exit (i32.const {code}))))"#,
+        out = esc(out),
+        err = esc(err),
+        out_len = out.len(),
+        err_len = err.len(),
+    ))
+    .unwrap()
+}
+
+async fn register(pool: &PgPool, task_type: &str, bytes: &[u8], secrets: &[&str]) {
+    let secrets: Vec<String> = secrets.iter().map(|s| s.to_string()).collect();
+    let settings = ModuleSettings { max_attempts: Some(1), ..ModuleSettings::default() };
+    queue::register_module_with_secrets(
+        pool,
+        "default",
+        task_type,
+        &sha256_hex(bytes),
+        bytes,
+        &settings,
+        &secrets,
+    )
+    .await
+    .unwrap();
+}
+
+async fn set_secret(pool: &PgPool, key: &SecretsKey, name: &str, value: &str) {
+    let sealed = key.seal("default", name, value);
+    let put = queue::put_secret(pool, "default", name, &sealed).await.unwrap();
+    assert!(matches!(put, PutSecret::Stored { .. }));
+}
+
+fn with_key(key: Option<SecretsKey>) -> WorkerConfig {
+    WorkerConfig { secrets_key: key, ..test_config() }
+}
+
+#[sqlx::test(migrations = false)]
+async fn what_a_task_leaves_behind_is_redacted_and_its_usage_kept(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let (key, _) = SecretsKey::generate();
+    set_secret(&pool, &key, "API_KEY", SECRET).await;
+    let out = format!(r#"{{"sent_with": "{SECRET}", "n": 1}}"#);
+    register(&pool, "leaky", &writer(&out, &format!("auth: Bearer {SECRET}\n"), 0), &["API_KEY"])
+        .await;
+    register(&pool, "failing", &writer("", &format!("rejected key {SECRET}"), 1), &["API_KEY"])
+        .await;
+    let runner = start_worker(&db, with_key(Some(key)));
+    let ok = queue::enqueue(&pool, NewTask::new("leaky", json!({}))).await.unwrap().id;
+    let bad = queue::enqueue(&pool, NewTask::new("failing", json!({}))).await.unwrap().id;
+    let ok = wait_settled(&pool, ok).await;
+    let bad = wait_settled(&pool, bad).await;
+    runner.stop().await;
+
+    assert_eq!(ok.state, TaskState::Succeeded, "{ok:#?}");
+    assert_eq!(ok.result, Some(json!({"sent_with": "[redacted:API_KEY]", "n": 1})));
+    assert_eq!(ok.logs.as_deref(), Some("auth: Bearer [redacted:API_KEY]\n"));
+    let usage = ok.usage.clone().expect("the successful attempt's usage");
+    assert!(usage["fuel_used"].as_i64().unwrap() > 0, "{usage}");
+    assert!(usage["duration_ms"].is_i64() && usage["peak_memory_bytes"].is_i64(), "{usage}");
+
+    assert_eq!(bad.state, TaskState::Dead, "{bad:#?}");
+    let entry = &bad.errors[0];
+    assert_eq!(entry["kind"], "handler_error");
+    assert_eq!(entry["stderr"], "rejected key [redacted:API_KEY]");
+    assert!(!entry["message"].as_str().unwrap().contains(SECRET), "{entry}");
+    assert!(entry["fuel_used"].as_i64().unwrap() > 0, "{entry}");
+    assert_eq!(entry["http_requests"], 0);
+
+    // Nowhere in what was stored, in any table.
+    let stored: Vec<String> = sqlx::query_scalar(
+        "select t::text from sweep.finished_tasks t union all select d::text from sweep.dead_tasks d",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(stored.len(), 2);
+    assert!(stored.iter().all(|row| !row.contains(SECRET)), "{stored:#?}");
+
+    let totals: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "select task_type, attempts, succeeded, failed from sweep.usage_days order by task_type",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(totals, [("failing".to_owned(), 1, 0, 1), ("leaky".to_owned(), 1, 1, 0)]);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_runner_that_cannot_give_the_secrets_does_not_run_the_task(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let (key, _) = SecretsKey::generate();
+    set_secret(&pool, &key, "API_KEY", SECRET).await;
+    // The guest would write to stderr if it ran.
+    register(&pool, "needs", &writer("{}", "I ran", 0), &["API_KEY", "GONE"]).await;
+    register(&pool, "needs_one", &writer("{}", "I ran", 0), &["API_KEY"]).await;
+    register(&pool, "plain", &writer("{}", "", 0), &[]).await;
+
+    // No key: refused, saying so; a module that names no secret runs as ever.
+    let runner = start_worker(&db, with_key(None));
+    let refused = queue::enqueue(&pool, NewTask::new("needs_one", json!({}))).await.unwrap().id;
+    let plain = queue::enqueue(&pool, NewTask::new("plain", json!({}))).await.unwrap().id;
+    let refused = wait_settled(&pool, refused).await;
+    assert_eq!(wait_settled(&pool, plain).await.state, TaskState::Succeeded);
+    runner.stop().await;
+    assert_eq!(refused.state, TaskState::Dead);
+    assert_eq!(error_kinds(&refused), [FailureKind::SecretsUnavailable]);
+    let entry = &refused.errors[0];
+    assert!(entry["message"].as_str().unwrap().contains("SWEEP_SECRETS_KEY"), "{entry}");
+    assert!(entry.get("stderr").is_none(), "the guest never ran: {entry}");
+
+    // Another key: refused, naming the key it needs.
+    let runner = start_worker(&db, with_key(Some(SecretsKey::generate().0)));
+    let other_key = queue::enqueue(&pool, NewTask::new("needs_one", json!({}))).await.unwrap().id;
+    let other_key = wait_settled(&pool, other_key).await;
+    runner.stop().await;
+    assert_eq!(error_kinds(&other_key), [FailureKind::SecretsUnavailable]);
+    assert!(other_key.errors[0]["message"].as_str().unwrap().contains(key.id()));
+
+    // The right key, but a named secret is gone.
+    let runner = start_worker(&db, with_key(Some(key)));
+    let gone = queue::enqueue(&pool, NewTask::new("needs", json!({}))).await.unwrap().id;
+    let gone = wait_settled(&pool, gone).await;
+    runner.stop().await;
+    assert_eq!(error_kinds(&gone), [FailureKind::SecretsUnavailable]);
+    assert!(gone.errors[0]["message"].as_str().unwrap().contains("secret GONE"), "{gone:#?}");
+}
