@@ -26,8 +26,8 @@ use sqlx::{types::Json, PgExecutor};
 use uuid::Uuid;
 
 use super::{
-    sql_millis, types::Schedule, AttemptUsage, FailureKind, NewTask, QueueError, TaskId,
-    TaskState, DEFAULT_MAX_ATTEMPTS,
+    sql_millis, types::Schedule, AttemptUsage, FailureKind, NewTask, QueueError, TaskId, TaskState,
+    DEFAULT_MAX_ATTEMPTS,
 };
 use chrono::{DateTime, Utc};
 

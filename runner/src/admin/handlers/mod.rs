@@ -12,8 +12,8 @@ pub mod schedules;
 pub mod secrets;
 pub mod tasks;
 pub mod tenants;
-pub mod workflows;
 pub mod usage;
+pub mod workflows;
 
 use serde::Serialize;
 use warp::http::StatusCode;

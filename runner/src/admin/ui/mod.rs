@@ -26,8 +26,8 @@ mod runners;
 mod schedules;
 mod session;
 mod tasks;
-mod workflows;
 mod usage;
+mod workflows;
 
 use std::convert::Infallible;
 use std::future::Future;
