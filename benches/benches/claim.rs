@@ -91,6 +91,7 @@ async fn claimer(pool: PgPool, batch: usize, rounds: u64) -> usize {
                 result: json!({}),
                 module_sha256: None,
                 logs: None,
+                follow_ups: Vec::new(),
                 usage: None,
             })
             .collect();

@@ -59,6 +59,7 @@ pub fn completion(c: &ClaimedTask, result: serde_json::Value) -> queue::Completi
         result,
         module_sha256: None,
         logs: None,
+        follow_ups: Vec::new(),
         usage: None,
     }
 }

@@ -209,8 +209,9 @@ pub fn set_queue_gauges(stats: &[TypeStats], runners: usize) {
 }
 
 fn set_type(tenant: &str, task_type: &str, s: Option<&TypeStats>) {
-    let counts =
-        s.map_or([0; 6], |s| [s.pending, s.running, s.retrying, s.succeeded, s.cancelled, s.dead]);
+    let counts = s.map_or([0; 7], |s| {
+        [s.blocked, s.pending, s.running, s.retrying, s.succeeded, s.cancelled, s.dead]
+    });
     for (state, count) in TaskState::ALL.into_iter().map(TaskState::as_str).zip(counts) {
         metrics::gauge!(TASKS, LABEL_TENANT => tenant.to_owned(),
             LABEL_TASK_TYPE => task_type.to_owned(), LABEL_STATE => state)

@@ -482,6 +482,25 @@ async fn live_answers_validate_against_the_document(_: PgPoolOptions, db: PgConn
     let kept = json!({"name": "kept", "cron": "*/5 * * * * *", "task_type": "wordcount"});
     assert_eq!(c.json("post", schedules, schedules, t, &kept).await.0, 201);
     assert_eq!(c.call("delete", one_schedule, "/v1/schedules/nightly", t, None).await.0, 200);
+    // Workflows.
+    let workflows = "/v1/workflows";
+    let flow = json!({"steps": [
+        {"name": "a", "task_type": "wordcount", "payload": {"text": "a b"}},
+        {"name": "b", "task_type": "wordcount", "payload": {"text": "c"}, "after": ["a"]},
+    ]});
+    let (s, created) = c.json("post", workflows, workflows, t, &flow).await;
+    assert_eq!(s, 201);
+    let cycle = json!({"steps": [{"name": "a", "task_type": "wordcount", "after": ["a"]}]});
+    assert_eq!(c.json("post", workflows, workflows, t, &cycle).await.0, 422);
+    assert_eq!(c.json("post", workflows, workflows, t, &json!({"steps": 1})).await.0, 400);
+    assert_eq!(c.get(workflows, workflows, t).await.0, 200);
+    let one_workflow = "/v1/workflows/{id}";
+    let path = format!("/v1/workflows/{}", created["id"]);
+    assert_eq!(c.get(one_workflow, &path, t).await.0, 200);
+    assert_eq!(c.get(one_workflow, "/v1/workflows/999999", t).await.0, 404);
+    let cancel_workflow = "/v1/workflows/{id}/cancel";
+    let cancel_path = format!("{path}/cancel");
+    assert_eq!(c.call("post", cancel_workflow, &cancel_path, t, None).await.0, 200);
     // Flow control (pauses are lifted again: the worker runs the tasks below).
     let pause = "/v1/queues/{task_type}/pause";
     let resume = "/v1/queues/{task_type}/resume";

@@ -53,6 +53,7 @@ async fn complete(pool: &PgPool, runner: Uuid, tasks: &[queue::ClaimedTask]) {
             result: json!({}),
             module_sha256: None,
             logs: None,
+            follow_ups: Vec::new(),
             usage: None,
         })
         .collect();

@@ -41,6 +41,7 @@ async fn ended_tasks_notify_their_waiters_and_only_them(_: PgPoolOptions, db: Pg
         result: json!({}),
         module_sha256: None,
         logs: None,
+        follow_ups: Vec::new(),
         usage: None,
     };
     let failed = |t: &queue::ClaimedTask, permanent: bool| Failure {

@@ -146,6 +146,7 @@ async fn a_low_weight_tenant_is_never_starved(_: PgPoolOptions, db: PgConnectOpt
             result: json!({}),
             module_sha256: None,
             logs: None,
+            follow_ups: Vec::new(),
             usage: None,
         };
         assert!(queue::complete_batch(&pool, owner, &[done]).await.unwrap().is_empty());

@@ -32,6 +32,7 @@ fn success(c: &ClaimedTask, result: Value) -> Completion {
         result,
         module_sha256: Some("sha".into()),
         logs: None,
+        follow_ups: Vec::new(),
         usage: None,
     }
 }

@@ -9,6 +9,8 @@
 //! - `enqueue`: bulk enqueue throughput through the library (COPY and INSERT) and the admin
 //!   API's batch route, no runner (see `bench/enqueue.rs`).
 //! - `fairness`: tenants and task types sharing one runner (see `bench/fairness.rs`).
+//! - `workflow`: a 3-level workflow's drain against independent tasks, and a completion's
+//!   follow-ups against a bulk enqueue (see `bench/workflow.rs`).
 //! - `compile`: the costliest module the compile limits admit, against a `sweep run`
 //!   process (see `bench/compile.rs`).
 //! - `claim-scale`: the fair claim's cost against the number of due tenants (see
@@ -43,6 +45,7 @@ pub mod delayed;
 pub mod enqueue;
 pub mod fairness;
 pub mod memory;
+pub mod workflow;
 
 #[derive(Debug, clap::Parser)]
 #[command(
@@ -118,6 +121,9 @@ pub enum BenchMode {
     Memory(memory::MemoryArgs),
     /// What one compiled module costs in resident memory beyond its compiled image.
     ModuleFootprint(memory::FootprintArgs),
+    /// Workflow overhead: a 3-level workflow's drain against as many independent tasks, and
+    /// a completion's follow-ups against a bulk enqueue (ratios in one run).
+    Workflow(workflow::WorkflowArgs),
     /// The fair claim's cost against the number of due tenants (claims rolled back).
     ClaimScale(claim_scale::ClaimScaleArgs),
 }
@@ -160,6 +166,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             latency(&store, url, tasks, rate, &worker).await
         }
         BenchMode::Enqueue(args) => enqueue::enqueue(&store, url, &args).await,
+        BenchMode::Workflow(args) => workflow::workflow(&store, &args).await,
         BenchMode::Fairness(fair) => fairness::fairness(url, &args.modules_dir, &fair).await,
         BenchMode::Compile(compile) => compile::compile(url, &compile).await,
         BenchMode::Memory(memory) => memory::memory(url, &memory).await,

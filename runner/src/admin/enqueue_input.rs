@@ -21,6 +21,7 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::json_input::Integer;
 use super::models::EnqueueRequest;
+use crate::queue::OnParentFailure;
 
 #[derive(Deserialize)]
 #[serde(field_identifier, rename_all = "snake_case")]
@@ -32,6 +33,8 @@ enum Field {
     DelayMs,
     MaxAttempts,
     DedupKey,
+    After,
+    OnParentFailure,
 }
 
 impl Field {
@@ -44,6 +47,8 @@ impl Field {
             Field::DelayMs => "delay_ms",
             Field::MaxAttempts => "max_attempts",
             Field::DedupKey => "dedup_key",
+            Field::After => "after",
+            Field::OnParentFailure => "on_parent_failure",
         }
     }
 }
@@ -69,6 +74,8 @@ impl<'de> Visitor<'de> for RequestVisitor<'_> {
         let mut delay_ms: Option<Option<u64>> = None;
         let mut max_attempts: Option<Option<i32>> = None;
         let mut dedup_key: Option<Option<String>> = None;
+        let mut after: Option<Vec<i64>> = None;
+        let mut on_parent_failure: Option<OnParentFailure> = None;
         while let Some(key) = map.next_key::<Field>()? {
             let name = key.name();
             self.field.set(Some(name));
@@ -84,6 +91,12 @@ impl<'de> Visitor<'de> for RequestVisitor<'_> {
                     .replace(map.next_value::<Option<Integer<i32>>>()?.map(|i| i.0))
                     .is_some(),
                 Field::DedupKey => dedup_key.replace(map.next_value()?).is_some(),
+                Field::After => after
+                    .replace(
+                        map.next_value::<Vec<Integer<i64>>>()?.into_iter().map(|i| i.0).collect(),
+                    )
+                    .is_some(),
+                Field::OnParentFailure => on_parent_failure.replace(map.next_value()?).is_some(),
             };
             if duplicate {
                 return Err(de::Error::duplicate_field(name));
@@ -98,6 +111,8 @@ impl<'de> Visitor<'de> for RequestVisitor<'_> {
             delay_ms: delay_ms.flatten(),
             max_attempts: max_attempts.flatten(),
             dedup_key: dedup_key.flatten(),
+            after: after.unwrap_or_default(),
+            on_parent_failure: on_parent_failure.unwrap_or_default(),
         })
     }
 }

@@ -18,7 +18,7 @@ use warp::reply::{Reply, Response};
 use warp::Rejection;
 
 use crate::errors::error_chain;
-use crate::queue::{InvalidTask, QueueError, TenantError};
+use crate::queue::{InvalidTask, InvalidWorkflow, QueueError, TenantError};
 use crate::sandbox::ValidationError;
 
 /// A request that failed, as the client will see it.
@@ -110,9 +110,19 @@ impl From<QueueError> for ApiError {
                 ),
                 _ => Self::unprocessable("invalid_task", invalid.to_string()),
             },
-            e @ (QueueError::TaskNotFound(_) | QueueError::ModuleVersionNotFound { .. }) => {
-                Self::not_found(e.to_string())
-            }
+            QueueError::InvalidWorkflow(invalid) => match &invalid {
+                InvalidWorkflow::Task { source: InvalidTask::PayloadTooLarge { .. }, .. } => {
+                    Self::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "payload_too_large",
+                        invalid.to_string(),
+                    )
+                }
+                _ => Self::unprocessable("invalid_workflow", invalid.to_string()),
+            },
+            e @ (QueueError::TaskNotFound(_)
+            | QueueError::ModuleVersionNotFound { .. }
+            | QueueError::WorkflowNotFound(_)) => Self::not_found(e.to_string()),
             e @ QueueError::NotCancellable { .. } => {
                 Self::conflict("not_cancellable", e.to_string())
             }

@@ -25,11 +25,11 @@ use super::capability_models::{EgressRequest, SecretRequest};
 use super::enqueue_input;
 use super::error::{recover, ApiError};
 use super::handlers::{
-    egress, modules, ops, queues, schedules, secrets, tasks, tenants, usage, Answer,
+    egress, modules, ops, queues, schedules, secrets, tasks, tenants, usage, workflows, Answer,
 };
 use super::models::{
-    ActivateRequest, CancelTasksRequest, CapsRequest, CreateScheduleRequest, EnqueueRequest,
-    RateLimitRequest, WeightRequest,
+    ActivateRequest, CancelTasksRequest, CapsRequest, CreateScheduleRequest, CreateWorkflowRequest,
+    EnqueueRequest, RateLimitRequest, WeightRequest,
 };
 use super::openapi;
 use super::params::PathText;
@@ -74,6 +74,10 @@ pub enum Route {
     TenantResume,
     QueueRateLimit,
     QueueRateLimitClear,
+    WorkflowCreate,
+    WorkflowList,
+    WorkflowShow,
+    WorkflowCancel,
     TenantEgress,
     TenantEgressSet,
     SecretPut,
@@ -84,7 +88,7 @@ pub enum Route {
 
 impl Route {
     /// Every route, in the order the server tries them.
-    pub const ALL: [Route; 39] = [
+    pub const ALL: [Route; 43] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
@@ -118,6 +122,10 @@ impl Route {
         Route::TenantResume,
         Route::QueueRateLimit,
         Route::QueueRateLimitClear,
+        Route::WorkflowCreate,
+        Route::WorkflowList,
+        Route::WorkflowShow,
+        Route::WorkflowCancel,
         Route::TenantEgress,
         Route::TenantEgressSet,
         Route::SecretPut,
@@ -179,6 +187,10 @@ impl Route {
             Route::TenantResume => of::<queues::__path_resume_tenant>(),
             Route::QueueRateLimit => of::<queues::__path_set_rate_limit>(),
             Route::QueueRateLimitClear => of::<queues::__path_clear_rate_limit>(),
+            Route::WorkflowCreate => of::<workflows::__path_create>(),
+            Route::WorkflowList => of::<workflows::__path_list>(),
+            Route::WorkflowShow => of::<workflows::__path_show>(),
+            Route::WorkflowCancel => of::<workflows::__path_cancel>(),
             Route::TenantEgress => of::<egress::__path_show>(),
             Route::TenantEgressSet => of::<egress::__path_set>(),
             Route::SecretPut => of::<secrets::__path_put>(),
@@ -498,6 +510,41 @@ impl Route {
                 .and(query())
                 .and_then(|PathText(task_type), state, caller, q| async move {
                     respond(queues::clear_rate_limit(state, caller, task_type, q).await)
+                })
+                .boxed(),
+            Route::WorkflowCreate => warp::path!("v1" / "workflows")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and(body::json::<CreateWorkflowRequest>(json_limit))
+                .and_then(|state, caller, q, request| async move {
+                    respond(workflows::create(state, caller, q, request).await)
+                })
+                .boxed(),
+            Route::WorkflowList => warp::path!("v1" / "workflows")
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and(query())
+                .and_then(|state, caller, q| async move {
+                    respond(workflows::list(state, caller, q).await)
+                })
+                .boxed(),
+            Route::WorkflowShow => warp::path!("v1" / "workflows" / i64)
+                .and(warp::get())
+                .and(with(state))
+                .and(auth())
+                .and_then(|id, state, caller| async move {
+                    respond(workflows::show(state, caller, id).await)
+                })
+                .boxed(),
+            Route::WorkflowCancel => warp::path!("v1" / "workflows" / i64 / "cancel")
+                .and(warp::post())
+                .and(with(state))
+                .and(auth())
+                .and_then(|id, state, caller| async move {
+                    respond(workflows::cancel(state, caller, id).await)
                 })
                 .boxed(),
             Route::TenantEgress => warp::path!("v1" / "tenants" / PathText / "egress")

@@ -16,9 +16,9 @@ use super::error::ApiError;
 use super::json_input::{integer, optional_integer, present_integer};
 use super::params::EffectiveLimits;
 use crate::queue::{
-    CapsChange, CatchUp, CronSchedule, DeadTask, Enqueued, ModuleVersion, NewSchedule, NewTask,
-    Overlap, QueueControl, RunnerInfo, TaskId, TaskRow, Tenant, TenantPause, TypeStats,
-    MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS, MAX_WEIGHT,
+    CapsChange, CatchUp, CronSchedule, DeadTask, Enqueued, ModuleVersion, NewSchedule, NewStep,
+    NewTask, OnParentFailure, Overlap, QueueControl, RunnerInfo, TaskId, TaskRow, Tenant,
+    TenantPause, TypeStats, WorkflowSummary, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS, MAX_WEIGHT,
 };
 
 /// `POST /v1/tasks` (and each element of `POST /v1/tasks/batch`). Read by the hand-written
@@ -47,8 +47,18 @@ pub struct EnqueueRequest {
     #[schema(minimum = 1, maximum = 1000)]
     pub max_attempts: Option<i32>,
     /// While a live task of the tenant holds this key, enqueueing it again answers that task.
+    /// Not with `after`.
     #[schema(min_length = 1, max_length = 512)]
     pub dedup_key: Option<String>,
+    /// Ids of tasks of the tenant this task waits for: it is `blocked` until every one has
+    /// ended, then due with their ids, states and results in its payload's `$parents`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<i64>, max_items = 10000)]
+    pub after: Vec<TaskId>,
+    /// What a parent that ends dead or cancelled does: `cancel` (default) cancels this task,
+    /// naming the parent; `run` runs it anyway once every parent has ended.
+    #[serde(default)]
+    pub on_parent_failure: OnParentFailure,
 }
 
 const _: () = assert!(MAX_MAX_ATTEMPTS == 1000 && MAX_DEDUP_KEY_LEN == 512 && MAX_WEIGHT == 10_000);
@@ -67,6 +77,8 @@ impl EnqueueRequest {
         task.priority = self.priority;
         task.max_attempts = self.max_attempts;
         task.dedup_key = self.dedup_key;
+        task.after = self.after;
+        task.on_parent_failure = self.on_parent_failure;
         match (self.run_at, self.delay_ms) {
             (Some(_), Some(_)) => return Err(invalid("give run_at or delay_ms, not both")),
             (Some(at), None) => task = task.run_at(at),
@@ -155,6 +167,79 @@ impl CreateScheduleRequest {
     }
 }
 
+/// `POST /v1/workflows`: the steps, each a task of the caller's tenant named within the
+/// workflow; `after` names the steps it waits for.
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateWorkflowRequest {
+    /// 1 to 10,000 steps, in any order.
+    #[schema(min_items = 1, max_items = 10000)]
+    pub steps: Vec<WorkflowStepRequest>,
+}
+
+/// One step of `POST /v1/workflows`.
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowStepRequest {
+    /// Unique within the workflow.
+    #[schema(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
+    pub name: String,
+    /// The tenant must have a module for it (else 422).
+    #[schema(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
+    pub task_type: String,
+    /// A JSON object; `{}` when absent. The step's parents' results come in `$parents`.
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub payload: Value,
+    #[serde(default, deserialize_with = "integer")]
+    pub priority: i32,
+    /// Default: the module's setting, else 5.
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 1, maximum = 1000)]
+    pub max_attempts: Option<i32>,
+    /// Names of the steps this one waits for (it runs once they all ended).
+    #[serde(default)]
+    #[schema(max_items = 10000)]
+    pub after: Vec<String>,
+    /// What a parent that ends dead or cancelled does: `cancel` (default) or `run` anyway.
+    #[serde(default)]
+    pub on_parent_failure: OnParentFailure,
+}
+
+impl CreateWorkflowRequest {
+    /// The steps as the queue takes them; NUL characters refused, naming the step.
+    pub fn into_steps(self) -> Result<Vec<NewStep>, ApiError> {
+        self.steps
+            .into_iter()
+            .map(|s| {
+                if has_nul(&s.payload) {
+                    return Err(ApiError::unprocessable(
+                        "invalid_workflow",
+                        format!(
+                            "step {:?}: payload must not contain NUL (\\u0000) characters",
+                            s.name
+                        ),
+                    ));
+                }
+                let mut task = NewTask::new(s.task_type, s.payload);
+                task.priority = s.priority;
+                task.max_attempts = s.max_attempts;
+                task.on_parent_failure = s.on_parent_failure;
+                Ok(NewStep { name: s.name, task, after: s.after })
+            })
+            .collect()
+    }
+}
+
+/// `GET /v1/workflows`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct WorkflowsResponse {
+    pub workflows: Vec<WorkflowSummary>,
+    /// Pass as `before` for the next page; null on the last.
+    #[schema(value_type = Option<i64>)]
+    pub next_before: Option<i64>,
+}
+
 /// `GET /v1/schedules`.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct SchedulesResponse {
@@ -175,8 +260,9 @@ pub struct CancelTasksRequest {
     /// operator).
     #[schema(pattern = "^[A-Za-z0-9.:_-]{1,128}$")]
     pub task_type: String,
-    /// Only tasks in this state: `pending`, `retrying` or `running` (default: all three).
-    #[schema(nullable = false, pattern = "^(pending|retrying|running)$")]
+    /// Only tasks in this state: `blocked`, `pending`, `retrying` or `running` (default: all
+    /// four).
+    #[schema(nullable = false, pattern = "^(blocked|pending|retrying|running)$")]
     pub state: Option<String>,
 }
 

@@ -26,13 +26,14 @@ use super::error::ErrorResponse;
 use super::filters::Route;
 use super::models::{
     ActivateRequest, BatchResponse, CancelTasksRequest, CapsRequest, CreateScheduleRequest,
-    DeadPage, EnqueueRequest, Health, ModulesResponse, RateLimitRequest, SchedulesResponse,
-    StatsResponse, TaskPage, TenantsResponse, TokenResponse, UploadResponse, WasmModule,
-    WeightRequest,
+    CreateWorkflowRequest, DeadPage, EnqueueRequest, Health, ModulesResponse, RateLimitRequest,
+    SchedulesResponse, StatsResponse, TaskPage, TenantsResponse, TokenResponse, UploadResponse,
+    WasmModule, WeightRequest, WorkflowStepRequest, WorkflowsResponse,
 };
 use crate::queue::{
-    BulkCancel, CatchUp, CronSchedule, ModuleVersion, Overlap, QueueControl, TaskView, Tenant,
-    TenantPause,
+    BulkCancel, CatchUp, CreatedStep, CreatedWorkflow, CronSchedule, ModuleVersion,
+    OnParentFailure, Overlap, QueueControl, StepView, TaskState, TaskView, Tenant, TenantPause,
+    WorkflowCancel, WorkflowState, WorkflowSummary, WorkflowView,
 };
 
 /// Name of the security scheme every authenticated operation requires.
@@ -79,6 +80,18 @@ pub const BEARER: &str = "bearer";
             RateLimitRequest,
             CancelTasksRequest,
             BulkCancel,
+            OnParentFailure,
+            TaskState,
+            CreateWorkflowRequest,
+            WorkflowStepRequest,
+            CreatedWorkflow,
+            CreatedStep,
+            WorkflowView,
+            WorkflowState,
+            StepView,
+            WorkflowsResponse,
+            WorkflowSummary,
+            WorkflowCancel,
             EgressRequest,
             EgressResponse,
             HttpLimitsView,
@@ -112,6 +125,7 @@ pub const BEARER: &str = "bearer";
         (name = "secrets", description = "Tenant secrets: set, list (names only), delete"),
         (name = "schedules", description = "Cron schedules: a task per tick"),
         (name = "queues", description = "Flow control of a task type: pause, resume, rate limit"),
+        (name = "workflows", description = "Named steps with dependencies, created together"),
         (name = "ops", description = "Statistics, metrics, probes and this document")
     )
 )]

@@ -125,6 +125,31 @@ pub struct TaskIdPath {
     pub id: TaskId,
 }
 
+/// `{id}` of a workflow in a path, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct WorkflowIdPath {
+    /// The workflow's id.
+    pub id: i64,
+}
+
+/// `GET /v1/workflows` query, as documented.
+#[allow(dead_code)] // only describes the parameters; the route parses them
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WorkflowListParams {
+    /// (Operator) only this tenant's workflows (default: every tenant's).
+    #[param(nullable = false, pattern = "^[A-Za-z0-9._-]{1,64}$")]
+    pub tenant: Option<String>,
+    /// Page cursor: workflows with ids below this (the previous page's `next_before`).
+    #[param(nullable = false, minimum = 1, maximum = 9223372036854775807_i64)]
+    pub before: Option<i64>,
+    /// Page size, 1 to 100 (default 20).
+    #[param(nullable = false, minimum = 1, maximum = 100)]
+    pub limit: Option<i64>,
+}
+
 /// `{task_type}` in a path, as documented.
 #[allow(dead_code)] // only describes the parameter; the route parses it
 #[derive(Debug, utoipa::IntoParams)]
@@ -273,7 +298,10 @@ pub struct DeadParams {
 #[into_params(parameter_in = Query)]
 pub struct TaskListParams {
     /// Only tasks in this state.
-    #[param(nullable = false, pattern = "^(pending|running|retrying|succeeded|cancelled|dead)$")]
+    #[param(
+        nullable = false,
+        pattern = "^(blocked|pending|running|retrying|succeeded|cancelled|dead)$"
+    )]
     pub state: Option<String>,
     /// Only this task type.
     #[param(nullable = false, pattern = "^[A-Za-z0-9.:_-]{1,128}$")]

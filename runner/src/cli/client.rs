@@ -12,6 +12,7 @@ mod operator;
 mod print;
 mod queue;
 mod schedule;
+mod workflow;
 
 use std::path::PathBuf;
 
@@ -25,6 +26,7 @@ pub use flow::{queue, QueueCommand};
 pub use operator::{admin, tenant, AdminArgs, AdminServerArgs, TenantCommand};
 pub use queue::{dead, enqueue, stats, task, DeadCommand, EnqueueArgs, StatsArgs, TaskCommand};
 pub use schedule::{schedule, ScheduleCommand};
+pub use workflow::{workflow, WorkflowCommand};
 
 /// Where and as whom to call the admin API.
 #[derive(Debug, clap::Args)]

@@ -91,6 +91,9 @@ pub enum Command {
     /// Create, list, pause, resume and delete cron schedules.
     #[command(subcommand)]
     Schedule(client::ScheduleCommand),
+    /// Create, show, list and cancel workflows (steps with dependencies).
+    #[command(subcommand)]
+    Workflow(client::WorkflowCommand),
     /// Queue statistics per task type, and the runners.
     Stats(client::StatsArgs),
     /// List or requeue dead tasks.
@@ -153,6 +156,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Enqueue(args) => client::enqueue(args).await,
         Command::Task(command) => client::task(command).await,
         Command::Schedule(command) => client::schedule(command).await,
+        Command::Workflow(command) => client::workflow(command).await,
         Command::Stats(args) => client::stats(args).await,
         Command::Dead(command) => client::dead(command).await,
         Command::Queue(command) => client::queue(command).await,

@@ -17,6 +17,7 @@ pub const MAX_BATCH: usize = 100_000;
 pub struct CheckedTasks<'a> {
     tasks: &'a [NewTask],
     payloads: Vec<String>,
+    limit: usize,
 }
 
 impl<'a> CheckedTasks<'a> {
@@ -39,7 +40,20 @@ impl<'a> CheckedTasks<'a> {
             }
             payloads.push(json);
         }
-        Ok(CheckedTasks { tasks, payloads })
+        Ok(CheckedTasks { tasks, payloads, limit: max_payload_bytes })
+    }
+
+    /// What the payload limit leaves of task `i`'s payload for its parents' results
+    /// (`$parents`), in bytes.
+    pub(super) fn result_budget(&self, i: usize) -> i64 {
+        let left = self.limit.saturating_sub(self.payloads[i].len());
+        i64::try_from(left).unwrap_or(i64::MAX)
+    }
+
+    /// True when a task waits for parents (the batch is written by `enqueue.rs`'s
+    /// dependent insert, never by `COPY`).
+    pub(super) fn has_parents(&self) -> bool {
+        self.tasks.iter().any(|t| !t.after.is_empty())
     }
 
     pub fn tasks(&self) -> &'a [NewTask] {

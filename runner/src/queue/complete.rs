@@ -4,6 +4,10 @@
 //! runner's lease at the reported attempt. Anything else (the reaper took the task over, it
 //! was retried elsewhere) comes back in `lost` and the row is left untouched.
 //!
+//! Dependencies: every task a report ends is handed, in the same statement, to
+//! `sweep_parents_ended` (runner/sql/dependencies.sql), which decides the children waiting for
+//! it (the `children` CTE): one index probe per task when it has none.
+//!
 //! Usage: a report's [`AttemptUsage`] is kept with the attempt (`finished_tasks.usage` for a
 //! success, the history entry for a failure) and added to the day's totals by the same
 //! statement (`usage_cte!`, see `usage.rs`).
@@ -21,7 +25,11 @@ use serde_json::Value;
 use sqlx::{types::Json, PgExecutor};
 use uuid::Uuid;
 
-use super::{sql_millis, AttemptUsage, FailureKind, QueueError, TaskId, TaskState};
+use super::{
+    sql_millis, types::Schedule, AttemptUsage, FailureKind, NewTask, QueueError, TaskId, TaskState,
+    DEFAULT_MAX_ATTEMPTS,
+};
+use chrono::{DateTime, Utc};
 
 /// The message of a cancelled attempt that succeeded before the stop reached it.
 macro_rules! cancelled_after_success {
@@ -43,6 +51,9 @@ pub struct Completion {
     pub module_sha256: Option<String>,
     /// The handler's stderr tail, if it wrote any.
     pub logs: Option<String>,
+    /// Tasks to enqueue with the success (the handler's `$enqueue`, taken out of `result` and
+    /// checked: `follow_ups.rs`), as tasks of this task's tenant; none for a cancelled one.
+    pub follow_ups: Vec<NewTask>,
     /// What the attempt used (`None`: not measured): kept as `finished_tasks.usage` and
     /// added to the day's totals.
     pub usage: Option<AttemptUsage>,
@@ -91,12 +102,24 @@ pub async fn complete_batch<'c, E: PgExecutor<'c>>(
     // `tasks` keeps only live work. The commit stays synchronous: a lost completion would
     // come back as an expired lease, i.e. a failed attempt, dead-lettered if it was the last
     // (see benches/results/journal.md). On the shape of the statement, see `ReportsById`.
-    let applied: Vec<(TaskId,)> = sqlx::query_as(COMPLETE)
-        .bind(runner)
-        .bind(&ids)
-        .bind(Json(&reports))
-        .fetch_all(executor)
-        .await?;
+    // A batch with follow-ups takes the statement that also enqueues them; the usual one
+    // stays as it was.
+    let applied: Vec<(TaskId,)> = if completions.iter().any(|c| !c.follow_ups.is_empty()) {
+        sqlx::query_as(COMPLETE_SPAWNING)
+            .bind(runner)
+            .bind(&ids)
+            .bind(Json(&reports))
+            .bind(DEFAULT_MAX_ATTEMPTS)
+            .fetch_all(executor)
+            .await?
+    } else {
+        sqlx::query_as(COMPLETE)
+            .bind(runner)
+            .bind(&ids)
+            .bind(Json(&reports))
+            .fetch_all(executor)
+            .await?
+    };
     Ok(lost(&ids, applied.into_iter().map(|(id,)| id)))
 }
 
@@ -178,8 +201,39 @@ struct CompletionFields<'a> {
     result: &'a Value,
     sha: Option<&'a str>,
     logs: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[FollowUpFields]>::is_empty")]
+    follow_ups: Vec<FollowUpFields<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<AttemptUsage>,
+}
+
+/// A follow-up as the spawning statement reads it (every field present).
+#[derive(Serialize)]
+struct FollowUpFields<'a> {
+    task_type: &'a str,
+    payload: &'a Value,
+    priority: i32,
+    run_at: Option<DateTime<Utc>>,
+    delay_ms: i64,
+    max_attempts: Option<i32>,
+}
+
+impl<'a> From<&'a NewTask> for FollowUpFields<'a> {
+    fn from(t: &'a NewTask) -> Self {
+        let (run_at, delay) = match t.schedule {
+            Schedule::Now => (None, Duration::ZERO),
+            Schedule::At(at) => (Some(at), Duration::ZERO),
+            Schedule::After(d) => (None, d),
+        };
+        FollowUpFields {
+            task_type: &t.task_type,
+            payload: &t.payload,
+            priority: t.priority,
+            run_at,
+            delay_ms: sql_millis(delay),
+            max_attempts: t.max_attempts,
+        }
+    }
 }
 
 impl KeyedReport for Completion {
@@ -193,6 +247,7 @@ impl KeyedReport for Completion {
             result: &self.result,
             sha: self.module_sha256.as_deref(),
             logs: self.logs.as_deref(),
+            follow_ups: self.follow_ups.iter().map(FollowUpFields::from).collect(),
             usage: self.usage,
         }
     }
@@ -272,50 +327,136 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-const COMPLETE: &str = concat!(
-    r#"
+/// The completion statement: `done` (the fenced rows, deleted), `children` (see the module
+/// doc), then `$ctes` (more CTEs, each ending with a comma, reading `done`), the rows moved to
+/// `finished_tasks` with `$result` as their result (the success's, or null when a cancel
+/// was requested), read `from done cross join children $from`.
+macro_rules! complete_statement {
+    ([$($ctes:tt)*], [$($result:tt)*], [$($from:tt)*]) => {
+        concat!(
+            r#"
     with done as (
         delete from sweep.tasks t
         where t.id = any($2::int8[]) and t.lease_owner = $1
           and t.attempts = ($3::jsonb #>> array[t.id::text, 'attempt'])::int4
         returning t.*, $3::jsonb -> t.id::text as report, "#,
-    notify_done!(),
-    r#"
+            notify_done!(),
+            r#"
+    ),
+    -- The children waiting for these tasks (see the module doc). Read in a join with `done`,
+    -- so it runs whenever a task ended, after all of them did.
+    children as (
+        select sweep.sweep_parents_ended(
+                   array_agg(id),
+                   array_agg(case when cancel_requested_at is null then "#,
+            state!(succeeded),
+            r#" else "#,
+            state!(cancelled),
+            r#" end),
+                   $3::jsonb) as changed
+        from done
+    ),"#,
+            usage_cte!("done", succeeded),
+            ",",
+            $($ctes)*
+            r#"
+    moved as (
+        insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority,
+                                    attempts, max_attempts, run_at, dedup_key, last_error,
+                                    errors, result, module_sha256, logs, created_at, started_at,
+                                    usage)
+        select id, tenant, task_type, payload,
+               case when cancel_requested_at is null then "#,
+            state!(succeeded),
+            r#" else "#,
+            state!(cancelled),
+            r#" end,
+               priority, attempts, max_attempts, run_at, dedup_key,
+               case when cancel_requested_at is null then last_error else "#,
+            cancelled_after_success!(),
+            r#" end,
+               case when cancel_requested_at is null then errors
+                    else errors || jsonb_build_array(jsonb_build_object(
+                        'at', now(), 'attempt', attempts, 'kind', "#,
+            kind!(cancelled),
+            r#",
+                        'message', "#,
+            cancelled_after_success!(),
+            r#",
+                        'requested_at', cancel_requested_at, 'ended_as', "#,
+            state!(succeeded),
+            r#"))
+               end,
+               case when cancel_requested_at is null then "#,
+            $($result)*
+            r#" end,
+               coalesce(report ->> 'sha', module_sha256), report ->> 'logs', created_at,
+               started_at, report -> 'usage'
+        from done cross join children "#,
+            $($from)*
+            r#"
+        returning id
+    )
+    select id from moved
+    "#
+        )
+    };
+}
+
+const COMPLETE: &str = complete_statement!([], ["report -> 'result'",], ["",]);
+
+/// [`COMPLETE`] for a batch in which some success asks for follow-up tasks (the reports'
+/// `follow_ups`, see `follow_ups.rs`): they are inserted with the rows that record the
+/// successes, as tasks of the same tenant (a cancelled success enqueues none), and each
+/// result gets the ids they got (`$enqueued`, in request order). `$4` is the default
+/// `max_attempts`.
+const COMPLETE_SPAWNING: &str = complete_statement!(
+    [
+        r#"
+    spawn as materialized (
+        select nextval((select pg_get_serial_sequence('sweep.tasks', 'id')::regclass)) as id,
+               s.parent, s.tenant, s.task, s.ord
+        from (select d.id as parent, d.tenant, f.task, f.ord
+              from done d
+              cross join lateral jsonb_array_elements(d.report -> 'follow_ups')
+                   with ordinality as f(task, ord)
+              where d.cancel_requested_at is null
+              order by d.id, f.ord) s
+    ),
+    spawned as (
+        insert into sweep.tasks (id, tenant, task_type, payload, priority, run_at, max_attempts)
+        select s.id, s.tenant, s.task ->> 'task_type', s.task -> 'payload',
+               (s.task ->> 'priority')::int4,
+               coalesce((s.task ->> 'run_at')::timestamptz,
+                        now() + (s.task ->> 'delay_ms')::int8 * interval '1 millisecond'),
+               coalesce((s.task ->> 'max_attempts')::int4,
+                        (select m.max_attempts from sweep.active_modules a
+                         join sweep.modules m using (tenant, task_type, version)
+                         where a.tenant = s.tenant and a.task_type = s.task ->> 'task_type'),
+                        $4)
+        from spawn s
+        order by s.id
+        returning id, tenant, task_type, run_at
+    ),
+    spawned_notify as (
+        select count(*) as n from (select "#,
+        notify_tasks!(),
+        r#" from spawned limit 1) n
     ),
     "#,
-    usage_cte!("done", succeeded),
-    r#"
-    insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority, attempts,
-                                max_attempts, run_at, dedup_key, last_error, errors,
-                                result, module_sha256, logs, created_at, started_at, usage)
-    select id, tenant, task_type, payload,
-           case when cancel_requested_at is null then "#,
-    state!(succeeded),
-    r#" else "#,
-    state!(cancelled),
-    r#" end,
-           priority, attempts, max_attempts, run_at, dedup_key,
-           case when cancel_requested_at is null then last_error else "#,
-    cancelled_after_success!(),
-    r#" end,
-           case when cancel_requested_at is null then errors
-                else errors || jsonb_build_array(jsonb_build_object(
-                    'at', now(), 'attempt', attempts, 'kind', "#,
-    kind!(cancelled),
-    r#",
-                    'message', "#,
-    cancelled_after_success!(),
-    r#",
-                    'requested_at', cancel_requested_at, 'ended_as', "#,
-    state!(succeeded),
-    r#"))
-           end,
-           case when cancel_requested_at is null then report -> 'result' end,
-           coalesce(report ->> 'sha', module_sha256), report ->> 'logs', created_at,
-           started_at, report -> 'usage'
-    from done
-    returning id
-    "#
+        wake_queues_cte!("spawned"),
+        r#",
+    spawn_ids as (
+        select parent, jsonb_agg(id order by ord) as ids from spawn group by parent
+    ),"#,
+    ],
+    [r#"(case when e.ids is null then report -> 'result'
+                 else (report -> 'result') || jsonb_build_object('$enqueued', e.ids) end)"#,],
+    [r#"
+        cross join (select count(*) from spawned) sp
+        cross join spawned_notify
+        cross join (select count(*) from woken_queues) w
+        left join spawn_ids e on e.parent = done.id"#,]
 );
 const FAIL: &str = concat!(
     r#"
@@ -354,6 +495,28 @@ const FAIL: &str = concat!(
     notify_done!(),
     r#"
         ),
+        -- A cancel was requested: the attempt ends the task cancelled, whatever it failed of
+        -- (kept as `ended_as` when it was not the stop itself).
+        stopped as (
+            delete from sweep.tasks t
+            where t.id = any(array(select id from fenced where stops))
+            returning t.*, $3::jsonb -> t.id::text as report, "#,
+    notify_done!(),
+    r#"
+        ),
+        -- The children waiting for the tasks that ended here, read in a join with both
+        -- `killed` and `stopped`: it runs when either has rows, after both deleted theirs.
+        children as (
+            select sweep.sweep_parents_ended(array_agg(e.id), array_agg(e.state), null)
+                       as changed
+            from (select id, "#,
+    state!(dead),
+    r#" as state from killed
+                  union all
+                  select id, "#,
+    state!(cancelled),
+    r#" from stopped) e
+        ),
         buried as (
             insert into sweep.dead_tasks (id, tenant, task_type, payload, priority, attempts,
                                     max_attempts, dedup_key, last_error, errors, module_sha256,
@@ -364,17 +527,8 @@ const FAIL: &str = concat!(
                                                || (report -> 'entry')),
                    coalesce(report ->> 'sha', module_sha256), report #>> '{entry,kind}',
                    created_at, started_at
-            from killed
+            from killed cross join children
             returning id
-        ),
-        -- A cancel was requested: the attempt ends the task cancelled, whatever it failed of
-        -- (kept as `ended_as` when it was not the stop itself).
-        stopped as (
-            delete from sweep.tasks t
-            where t.id = any(array(select id from fenced where stops))
-            returning t.*, $3::jsonb -> t.id::text as report, "#,
-    notify_done!(),
-    r#"
         ),
         ended as (
             insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority,
@@ -395,7 +549,7 @@ const FAIL: &str = concat!(
                                else jsonb_build_object('ended_as', report #> '{entry,kind}')
                           end),
                    coalesce(report ->> 'sha', module_sha256), created_at, started_at
-            from stopped
+            from stopped cross join children
             returning id
         ),
         "#,
@@ -423,7 +577,7 @@ const FAIL: &str = concat!(
         "#
 );
 #[cfg(test)]
-pub(super) const STATEMENTS: &[(&str, &str)] = statements![COMPLETE, FAIL];
+pub(super) const STATEMENTS: &[(&str, &str)] = statements![COMPLETE, COMPLETE_SPAWNING, FAIL];
 
 #[cfg(test)]
 mod tests {

@@ -94,7 +94,8 @@ pub async fn cancel_matching<'c, A: Connects<'c>>(
     task_type: &str,
     only: Option<TaskState>,
 ) -> Result<BulkCancel, QueueError> {
-    let waiting_state = only.filter(|s| matches!(s, TaskState::Pending | TaskState::Retrying));
+    let waiting_state =
+        only.filter(|s| matches!(s, TaskState::Blocked | TaskState::Pending | TaskState::Retrying));
     let waiting = only.is_none() || waiting_state.is_some();
     let running = only.is_none() || only == Some(TaskState::Running);
     let mut done = BulkCancel::default();
@@ -267,6 +268,9 @@ pub struct TaskView {
     /// `cancelled` (the attempt's history entry then holds it as `requested_at`).
     #[schema(required)]
     pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// While `blocked`: how many of its parents (`after`) have not ended yet.
+    #[schema(required)]
+    pub blocked_on: Option<i32>,
 }
 
 pub async fn get_task<'c, E: PgExecutor<'c>>(
@@ -320,6 +324,29 @@ pub async fn list_dead<'c, E: PgExecutor<'c>>(
         .await?)
 }
 
+/// The CTEs a cancel of waiting tasks (CTE `cancelled`, the deleted rows) adds for
+/// dependencies: a blocked task's own edges go (its parents no longer count it), and
+/// `children`, which the statement reads in a join with `cancelled`, decides the tasks waiting
+/// for the cancelled ones (`sweep_parents_ended` in runner/sql/dependencies.sql).
+macro_rules! cancel_dependencies {
+    () => {
+        concat!(
+            "unlinked as (
+                delete from sweep.task_deps
+                where child = any(array(select id from cancelled where state = ",
+            state!(blocked),
+            "))
+            ),
+            children as (
+                select sweep.sweep_parents_ended(array_agg(id), array_agg(",
+            state!(cancelled),
+            "::text), null) as changed
+                from cancelled
+            ),"
+        )
+    };
+}
+
 fn parse_state(s: &str) -> Result<TaskState, QueueError> {
     s.parse().map_err(QueueError::Corrupt)
 }
@@ -330,12 +357,15 @@ const CANCEL: &str = concat!(
         delete from sweep.tasks
         where id = $1 and ($2::text is null or tenant = $2)
           and state in "#,
-    state!(waiting),
+    state!(unclaimed),
     r#"
         returning *, "#,
     notify_done!(),
     r#"
     ),
+    "#,
+    cancel_dependencies!(),
+    r#"
     moved as (
         insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority,
                                     attempts, max_attempts, run_at, dedup_key, last_error,
@@ -345,7 +375,7 @@ const CANCEL: &str = concat!(
     r#", priority, attempts,
                max_attempts, run_at, dedup_key, last_error, errors, module_sha256,
                created_at, started_at
-        from cancelled
+        from cancelled cross join children
         returning id
     ),
     -- A running row: record the request (the first one's time is kept) under the row lock,
@@ -384,7 +414,7 @@ const BULK_CANCEL: &str = concat!(
     with doomed as (
         select id from sweep.tasks
         where tenant = $1 and task_type = $2 and state in "#,
-    state!(waiting),
+    state!(unclaimed),
     r#"
           and ($3::text is null or state = $3) and $4
         order by id
@@ -397,6 +427,9 @@ const BULK_CANCEL: &str = concat!(
     notify_done!(),
     r#"
     ),
+    "#,
+    cancel_dependencies!(),
+    r#"
     moved as (
         insert into sweep.finished_tasks (id, tenant, task_type, payload, state, priority,
                                     attempts, max_attempts, run_at, dedup_key, last_error,
@@ -406,7 +439,7 @@ const BULK_CANCEL: &str = concat!(
     r#", priority, attempts,
                max_attempts, run_at, dedup_key, last_error, errors, module_sha256,
                created_at, started_at
-        from cancelled
+        from cancelled cross join children
         returning id
     ),
     asked as (
@@ -459,12 +492,12 @@ const GET_TASK: &str = concat!(
     select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
            dedup_key, last_error, errors, null as result, module_sha256, created_at,
            started_at, null as logs, null::jsonb as usage, null as finished_at,
-           cancel_requested_at
+           cancel_requested_at, blocked_on
     from sweep.tasks where id = $1 and ($2::text is null or tenant = $2)
     union all
     select id, tenant, task_type, state, payload, priority, attempts, max_attempts, run_at,
            dedup_key, last_error, errors, result, module_sha256, created_at, started_at,
-           logs, usage, finished_at, null as cancel_requested_at
+           logs, usage, finished_at, null as cancel_requested_at, null::int4 as blocked_on
     from sweep.finished_tasks where id = $1 and ($2::text is null or tenant = $2)
     union all
     select id, tenant, task_type, "#,
@@ -472,7 +505,7 @@ const GET_TASK: &str = concat!(
     r#" as state, payload, priority, attempts,
            max_attempts, null as run_at, dedup_key, last_error, errors, null as result,
            module_sha256, created_at, started_at, null as logs, null::jsonb as usage,
-           died_at as finished_at, null as cancel_requested_at
+           died_at as finished_at, null as cancel_requested_at, null::int4 as blocked_on
     from sweep.dead_tasks where id = $1 and ($2::text is null or tenant = $2)
     "#
 );

@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use sqlx::{postgres::PgArguments, query::QueryAs, Executor, Postgres};
 
 use super::{
-    copy, sql_millis, types::Schedule, CheckedTasks, Connects, Enqueued, NewTask, QueueError,
-    TaskId, DEFAULT_MAX_ATTEMPTS,
+    copy, sql_millis, types::Schedule, CheckedTasks, Connects, Enqueued, InvalidTask, NewTask,
+    OnParentFailure, QueueError, TaskId, TaskState, DEFAULT_MAX_ATTEMPTS,
 };
 
 /// Enqueues `task`, with no limit on its payload's size (see [`enqueue_within`]).
@@ -111,6 +111,10 @@ where
     A: Connects<'c>,
 {
     let tasks = checked.tasks();
+    if checked.has_parents() {
+        let mut conn = conn.connect().await?;
+        return insert_after(&mut conn, checked).await;
+    }
     let copy = match method {
         EnqueueMethod::Auto => tasks.len() >= copy::COPY_MIN_BATCH,
         EnqueueMethod::Insert => false,
@@ -162,6 +166,70 @@ pub(super) async fn enqueue_keyed<'c, E: Executor<'c, Database = Postgres>>(
     }
     let rows = insert(conn, &Columns::of(&checked, 0..1)).await?;
     Ok(rows.into_iter().next().flatten())
+}
+
+/// Enqueues a batch in which some tasks wait for parents, through `sweep_enqueue_after`
+/// (runner/sql/dependencies.sql), which locks the live parents, finds the ended ones and writes
+/// the tasks and their edges in one statement, or answers the bad edges and writes nothing.
+pub(super) async fn insert_after<'c, E: Executor<'c, Database = Postgres>>(
+    conn: E,
+    checked: &CheckedTasks<'_>,
+) -> Result<Vec<Enqueued>, QueueError> {
+    let tasks = checked.tasks();
+    let columns = Columns::of(checked, 0..tasks.len());
+    let run_on_failure: Vec<bool> =
+        tasks.iter().map(|t| t.on_parent_failure == OnParentFailure::Run).collect();
+    let budgets: Vec<i64> = (0..tasks.len()).map(|i| checked.result_budget(i)).collect();
+    // Edges as (child position, parent), each task's parents once; `places` maps an edge back
+    // to the task and the index in its `after` that an error names.
+    let mut edge_task = Vec::new();
+    let mut edge_parent = Vec::new();
+    let mut places = Vec::new();
+    for (i, task) in tasks.iter().enumerate() {
+        let mut seen = std::collections::HashSet::with_capacity(task.after.len());
+        for (j, &parent) in task.after.iter().enumerate() {
+            if seen.insert(parent) {
+                edge_task.push(i32::try_from(i + 1).unwrap_or(i32::MAX));
+                edge_parent.push(parent);
+                places.push((i, j));
+            }
+        }
+    }
+    let rows: Vec<(i32, Option<TaskId>, Option<String>)> = columns
+        .bind(sqlx::query_as(INSERT_AFTER))
+        .bind(&run_on_failure)
+        .bind(&budgets)
+        .bind(&edge_task)
+        .bind(&edge_parent)
+        .bind(DEFAULT_MAX_ATTEMPTS)
+        .fetch_all(conn)
+        .await?;
+    let mut ids = Vec::with_capacity(rows.len());
+    for (pos, id, problem) in rows {
+        let Some(problem) = problem else {
+            let id = id.ok_or_else(|| QueueError::Corrupt("enqueue returned no id".into()))?;
+            ids.push(Enqueued { id, created: true });
+            continue;
+        };
+        let edge = usize::try_from(pos).ok().and_then(|p| p.checked_sub(1));
+        let Some(&(task, index)) = edge.and_then(|e| places.get(e)) else {
+            return Err(QueueError::Corrupt(format!("no edge {pos}")));
+        };
+        let id = tasks[task].after[index];
+        let error = match problem.parse::<TaskState>() {
+            Ok(state) => InvalidTask::ParentFailed { index, id, state },
+            Err(_) => InvalidTask::UnknownParent { index, id },
+        };
+        return Err(InvalidTask::InBatch { index: task, source: Box::new(error) }.into());
+    }
+    if ids.len() != tasks.len() {
+        return Err(QueueError::Corrupt(format!(
+            "enqueued {} of {} tasks",
+            ids.len(),
+            tasks.len()
+        )));
+    }
+    Ok(ids)
 }
 
 /// The batch (or some of its tasks) as column arrays, the shape `unnest` wants; payloads as
@@ -375,5 +443,12 @@ const INSERT_DEDUP: &str = concat!(
         order by input.ord
         "#
 );
+const INSERT_AFTER: &str = r#"
+    select pos, id, problem
+    from sweep.sweep_enqueue_after($1::text[], $2::text[], $3::text[], $4::int4[],
+                                   $5::timestamptz[], $6::int8[], $7::int4[], $8::bool[],
+                                   $9::int8[], $10::int4[], $11::int8[], $12::int4)
+    "#;
 #[cfg(test)]
-pub(super) const STATEMENTS: &[(&str, &str)] = statements![INSERT_PLAIN, INSERT_DEDUP];
+pub(super) const STATEMENTS: &[(&str, &str)] =
+    statements![INSERT_PLAIN, INSERT_DEDUP, INSERT_AFTER];

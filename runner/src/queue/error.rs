@@ -28,6 +28,17 @@ pub enum InvalidTask {
     PayloadTooLarge { size: usize, limit: usize },
     #[error("a batch holds at most {max} tasks, got {got}")]
     BatchTooLarge { got: usize, max: usize },
+    #[error("after lists {got} tasks; the limit is {max}")]
+    TooManyParents { got: usize, max: usize },
+    #[error("dedup_key cannot be given with after (a blocked task holds no dedup key)")]
+    DedupKeyWithParents,
+    #[error("after[{index}]: no task {id} of this tenant")]
+    UnknownParent { index: usize, id: TaskId },
+    #[error(
+        "after[{index}]: task {id} already ended {state}, so this task would be cancelled; \
+         enqueue it with on_parent_failure \"run\" to run it anyway"
+    )]
+    ParentFailed { index: usize, id: TaskId, state: TaskState },
     #[error("task {index} of the batch: {source}")]
     InBatch {
         index: usize,
@@ -67,6 +78,10 @@ pub enum QueueError {
     NotCancellable { id: i64, state: TaskState },
     #[error("task {id} cannot be requeued: another live task holds its dedup_key")]
     DedupKeyTaken { id: i64 },
+    #[error(transparent)]
+    InvalidWorkflow(#[from] super::InvalidWorkflow),
+    #[error("workflow {0} not found")]
+    WorkflowNotFound(i64),
     /// Shown to API clients as "internal error"; logged in full.
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),

@@ -48,8 +48,13 @@ macro_rules! sql_files {
 /// The files, in the order they are applied. Functions in PL/pgSQL may name functions of a
 /// later file (their bodies are resolved when first run); a `language sql` body is checked
 /// when it is created, so what it names must come earlier.
-pub const FILES: &[SqlFile] =
-    sql_files!["wake_queues.sql", "flow_tokens.sql", "claim.sql", "retention.sql"];
+pub const FILES: &[SqlFile] = sql_files![
+    "wake_queues.sql",
+    "flow_tokens.sql",
+    "claim.sql",
+    "retention.sql",
+    "dependencies.sql"
+];
 
 /// The version of the `sweep` that carries these files.
 const VERSION: &str = env!("CARGO_PKG_VERSION");

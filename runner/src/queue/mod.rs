@@ -127,6 +127,7 @@ mod egress;
 mod enqueue;
 mod error;
 mod flow;
+mod follow_ups;
 mod functions;
 mod maintenance;
 mod minutes;
@@ -146,6 +147,7 @@ mod tenants;
 mod tokens;
 mod types;
 mod views;
+mod workflows;
 
 pub use batch::{CheckedTasks, MAX_BATCH};
 pub use claim::{
@@ -169,6 +171,10 @@ pub use flow::{
     list_paused_tenants, list_queue_controls, pause_queue, pause_tenant, paused_by_operator,
     paused_by_tenant, resume_queue, resume_tenant, set_rate_limit, FlowError, QueueControl,
     RateLimit, TenantPause, MAX_BURST, MAX_RATE,
+};
+pub use follow_ups::{
+    check_follow_ups, follow_up_limits, take_follow_ups, ENQUEUED_KEY, FOLLOW_UPS_KEY,
+    MAX_FOLLOW_UPS,
 };
 pub use functions::{installed as installed_functions, sha256 as functions_sha256, Installed};
 pub use maintenance::{
@@ -207,8 +213,9 @@ pub use tenants::{
 };
 pub use tokens::{add_read_only_token, token_tenant, TokenTenant};
 pub use types::{
-    validate_task_type, validate_tenant, ActiveModule, ClaimedTask, Enqueued, NewTask, Schedule,
-    TaskId, DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS,
+    validate_task_type, validate_tenant, ActiveModule, ClaimedTask, Enqueued, NewTask,
+    OnParentFailure, Schedule, TaskId, DEFAULT_MAX_ATTEMPTS, DEFAULT_TENANT, MAX_DEDUP_KEY_LEN,
+    MAX_MAX_ATTEMPTS, MAX_PARENTS,
 };
 pub use usage::{usage_days, AttemptUsage, UsageDay, MAX_USAGE_DAYS};
 pub use views::{
@@ -216,6 +223,11 @@ pub use views::{
     QueueRow, StateCounts, TaskFilter, TaskRow, COUNT_CAP,
 };
 pub use vocab::{FailureKind, TaskState};
+pub use workflows::{
+    cancel_workflow, create_workflow, get_workflow, list_workflows, plan_workflow, CreatedStep,
+    CreatedWorkflow, InvalidWorkflow, MaybeState, NewStep, StepView, WorkflowCancel, WorkflowState,
+    WorkflowSummary, WorkflowView, MAX_STEPS, MAX_STEP_NAME_LEN,
+};
 
 /// The migrations in `migrations/`, embedded at build time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
@@ -231,6 +243,7 @@ pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)>
         egress::STATEMENTS,
         enqueue::STATEMENTS,
         flow::STATEMENTS,
+        follow_ups::STATEMENTS,
         functions::STATEMENTS,
         maintenance::STATEMENTS,
         minutes::STATEMENTS,
@@ -245,6 +258,7 @@ pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)>
         tokens::STATEMENTS,
         usage::STATEMENTS,
         views::STATEMENTS,
+        workflows::STATEMENTS,
     ]
     .into_iter()
     .flatten()

@@ -14,6 +14,8 @@ use super::QueueError;
 pub struct TypeStats {
     pub tenant: String,
     pub task_type: String,
+    /// Waiting for parents (enqueued `after` tasks that have not all ended).
+    pub blocked: i64,
     pub pending: i64,
     pub running: i64,
     pub retrying: i64,
@@ -38,6 +40,9 @@ const QUEUE_STATS: &str = concat!(
     with live as (
         select tenant, task_type,
                count(*) filter (where state = "#,
+    state!(blocked),
+    r#") as blocked,
+               count(*) filter (where state = "#,
     state!(pending),
     r#") as pending,
                count(*) filter (where state = "#,
@@ -61,7 +66,7 @@ const QUEUE_STATS: &str = concat!(
         group by tenant, task_type
     ),
     finished as (
-        select tenant, task_type, 0, 0, 0,
+        select tenant, task_type, 0, 0, 0, 0,
                count(*) filter (where state = "#,
     state!(succeeded),
     r#"),
@@ -81,7 +86,7 @@ const QUEUE_STATS: &str = concat!(
         group by tenant, task_type
     ),
     dead as (
-        select tenant, task_type, 0, 0, 0, 0, 0, count(*), null::timestamptz,
+        select tenant, task_type, 0, 0, 0, 0, 0, 0, count(*), null::timestamptz,
                coalesce(sum((select count(*) from jsonb_array_elements(errors) e
                              where (e->>'at')::timestamptz > now() - interval '1 hour'))
                         filter (where died_at > now() - interval '1 hour'), 0),
@@ -96,6 +101,7 @@ const QUEUE_STATS: &str = concat!(
         union all select * from dead
     )
     select tenant, task_type,
+           sum(blocked)::int8 as blocked,
            sum(pending)::int8 as pending,
            sum(running)::int8 as running,
            sum(retrying)::int8 as retrying,

@@ -16,6 +16,8 @@ pub const MAX_MAX_ATTEMPTS: i32 = 1000;
 pub const MAX_TASK_TYPE_LEN: usize = 128;
 pub const MAX_TENANT_LEN: usize = 64;
 pub const MAX_DEDUP_KEY_LEN: usize = 512;
+/// Most parents one task may wait for (`after`).
+pub const MAX_PARENTS: usize = 10_000;
 /// How far ahead a task may be scheduled.
 pub const MAX_SCHEDULE_AHEAD: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
@@ -44,6 +46,33 @@ pub struct NewTask {
     /// While a task with this key is pending, running or retrying, enqueueing the same key
     /// (for the same tenant) returns that task's id and creates nothing.
     pub dedup_key: Option<String>,
+    /// Parents: tasks of the same tenant this one waits for (`blocked`) until each has ended.
+    /// It then becomes due with their ids, states and results in its payload's `$parents`.
+    pub after: Vec<TaskId>,
+    /// What a parent that ended dead or cancelled does to this task.
+    pub on_parent_failure: OnParentFailure,
+}
+
+/// What a task enqueued `after` others does when one of them ends dead or cancelled.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum OnParentFailure {
+    /// The task ends `cancelled`, its last error naming the parent.
+    #[default]
+    Cancel,
+    /// The task runs anyway once every parent has ended; the failed parent is in `$parents`
+    /// with its state and no result.
+    Run,
 }
 
 impl NewTask {
@@ -56,7 +85,19 @@ impl NewTask {
             schedule: Schedule::Now,
             max_attempts: None,
             dedup_key: None,
+            after: Vec::new(),
+            on_parent_failure: OnParentFailure::Cancel,
         }
+    }
+
+    /// Waits for `parents` (see [`NewTask::after`](NewTask#structfield.after)).
+    pub fn after(mut self, parents: impl IntoIterator<Item = TaskId>) -> Self {
+        self.after = parents.into_iter().collect();
+        self
+    }
+    pub fn on_parent_failure(mut self, policy: OnParentFailure) -> Self {
+        self.on_parent_failure = policy;
+        self
     }
 
     pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
@@ -121,6 +162,12 @@ impl NewTask {
             if key.is_empty() || key.len() > MAX_DEDUP_KEY_LEN {
                 return Err(InvalidTask::BadDedupKey { max: MAX_DEDUP_KEY_LEN });
             }
+        }
+        if self.after.len() > MAX_PARENTS {
+            return Err(InvalidTask::TooManyParents { got: self.after.len(), max: MAX_PARENTS });
+        }
+        if !self.after.is_empty() && self.dedup_key.is_some() {
+            return Err(InvalidTask::DedupKeyWithParents);
         }
         Ok(())
     }

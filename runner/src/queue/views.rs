@@ -126,6 +126,7 @@ pub struct TaskRow {
     Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema,
 )]
 pub struct StateCounts {
+    pub blocked: i64,
     pub pending: i64,
     pub running: i64,
     pub retrying: i64,
@@ -137,6 +138,7 @@ pub struct StateCounts {
 impl StateCounts {
     pub fn of(&self, state: TaskState) -> i64 {
         match state {
+            TaskState::Blocked => self.blocked,
             TaskState::Pending => self.pending,
             TaskState::Running => self.running,
             TaskState::Retrying => self.retrying,
@@ -379,6 +381,8 @@ macro_rules! count_in {
 }
 const COUNT_TASKS: &str = concat!(
     "select ",
+    count_in!("tasks", "state = ", state!(blocked)),
+    " as blocked, ",
     count_in!("tasks", "state = ", state!(pending)),
     " as pending, ",
     count_in!("tasks", "state = ", state!(running)),

@@ -32,11 +32,17 @@ macro_rules! state {
     (dead) => {
         "'dead'"
     };
+    (blocked) => {
+        "'blocked'"
+    };
     (live) => {
         "('pending', 'running', 'retrying')"
     };
     (waiting) => {
         "('pending', 'retrying')"
+    };
+    (unclaimed) => {
+        "('blocked', 'pending', 'retrying')"
     };
 }
 
@@ -48,13 +54,22 @@ macro_rules! kind {
     };
 }
 
-/// Where a task is in its life. `pending`, `running` and `retrying` rows live in `tasks`;
-/// `succeeded` and `cancelled` ones in `finished_tasks`; `dead` ones in `dead_tasks`.
+/// Where a task is in its life. `blocked`, `pending`, `running` and `retrying` rows live in
+/// `tasks`; `succeeded` and `cancelled` ones in `finished_tasks`; `dead` ones in `dead_tasks`.
+///
+/// `live` in SQL (`state!(live)`) is pending, running and retrying, the states the dedup
+/// index covers: a blocked task holds no dedup key (an enqueue with `after` takes none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
+    /// Waits for its parents (enqueued `after` them) to end. In: an enqueue with parents that
+    /// have not all ended. Out: the end of its last parent (`pending`, with its parents'
+    /// results in its input), the end of a parent that ended dead or cancelled (`cancelled`,
+    /// unless it was enqueued to run anyway), or a cancel (`cancelled`). Never claimed.
+    Blocked,
     /// Waiting for its first attempt. In: enqueue, a requeue from the dead-letter table, a
-    /// runner handing an unstarted first attempt back (`release_batch`). Out: a claim
+    /// runner handing an unstarted first attempt back (`release_batch`), the end of a blocked
+    /// task's last parent. Out: a claim
     /// (`running`) or a cancel (`cancelled`).
     Pending,
     /// Leased by one runner, which is executing it. In: a claim. Out, fenced by lease owner
@@ -80,7 +95,8 @@ pub enum TaskState {
 }
 
 impl TaskState {
-    pub const ALL: [TaskState; 6] = [
+    pub const ALL: [TaskState; 7] = [
+        TaskState::Blocked,
         TaskState::Pending,
         TaskState::Running,
         TaskState::Retrying,
@@ -92,6 +108,7 @@ impl TaskState {
     /// The name stored in the database, shown by the API and used as the `state` label.
     pub fn as_str(self) -> &'static str {
         match self {
+            TaskState::Blocked => "blocked",
             TaskState::Pending => "pending",
             TaskState::Running => "running",
             TaskState::Retrying => "retrying",
@@ -103,7 +120,10 @@ impl TaskState {
 
     /// True for the states of rows in `tasks`, the ones that can still run.
     pub fn is_live(self) -> bool {
-        matches!(self, TaskState::Pending | TaskState::Running | TaskState::Retrying)
+        matches!(
+            self,
+            TaskState::Blocked | TaskState::Pending | TaskState::Running | TaskState::Retrying
+        )
     }
 }
 
@@ -158,6 +178,10 @@ pub enum FailureKind {
     LeaseExpired,
     /// The runner could not run the task; not the guest's fault. Set by the worker.
     RunnerError,
+    /// The handler succeeded, but a follow-up task it asked for (`$enqueue` in its result)
+    /// could not be enqueued: invalid, over the tenant's payload limit, or of a task type
+    /// with no module. Nothing of the attempt was kept. Set by the worker.
+    FollowUpRejected,
     /// A cancel stopped the attempt: the runner interrupted the instance, or the attempt ended
     /// (or its lease was reaped) after the cancel was requested. Always the last entry of a
     /// task that ended `cancelled` while running. Set by the sandbox, the queue and the reaper.
@@ -181,6 +205,7 @@ impl FailureKind {
         FailureKind::ModuleMissing,
         FailureKind::LeaseExpired,
         FailureKind::RunnerError,
+        FailureKind::FollowUpRejected,
         FailureKind::Cancelled,
         FailureKind::SecretsUnavailable,
     ];
@@ -199,6 +224,7 @@ impl FailureKind {
             FailureKind::ModuleMissing => "module_missing",
             FailureKind::LeaseExpired => "lease_expired",
             FailureKind::RunnerError => "runner_error",
+            FailureKind::FollowUpRejected => "follow_up_rejected",
             FailureKind::Cancelled => "cancelled",
             FailureKind::SecretsUnavailable => "secrets_unavailable",
         }
@@ -234,13 +260,23 @@ mod tests {
             (TaskState::Succeeded, state!(succeeded)),
             (TaskState::Cancelled, state!(cancelled)),
             (TaskState::Dead, state!(dead)),
+            (TaskState::Blocked, state!(blocked)),
         ];
         for (state, literal) in sql {
             assert_eq!(literal, format!("'{state}'"));
         }
-        let live: Vec<String> =
-            TaskState::ALL.iter().filter(|s| s.is_live()).map(|s| format!("'{s}'")).collect();
+        let live: Vec<String> = TaskState::ALL
+            .iter()
+            .filter(|s| s.is_live() && **s != TaskState::Blocked)
+            .map(|s| format!("'{s}'"))
+            .collect();
         assert_eq!(state!(live), format!("({})", live.join(", ")));
+        let unclaimed: Vec<String> = TaskState::ALL
+            .iter()
+            .filter(|s| s.is_live() && **s != TaskState::Running)
+            .map(|s| format!("'{s}'"))
+            .collect();
+        assert_eq!(state!(unclaimed), format!("({})", unclaimed.join(", ")));
         assert_eq!(
             state!(waiting),
             format!("('{}', '{}')", TaskState::Pending, TaskState::Retrying)

@@ -22,7 +22,7 @@ use super::Report;
 use crate::errors::error_chain;
 use crate::{
     config::WorkerConfig,
-    queue::{self, ClaimedTask, ModuleSettings, Store},
+    queue::{self, ClaimedTask, FailureKind, ModuleSettings, Store},
     sandbox::{Execution, LimitOverrides, Limits, ModuleCache, Outcome, Sandbox, TaskInput, Usage},
 };
 
@@ -122,17 +122,59 @@ pub(super) async fn execute(
                 (execution, Some(module.sha256.clone()))
             }
         };
+        let mut execution = execution;
         let stopped_in = match execution.outcome {
             Outcome::Cancelled => requested.get().map(Instant::elapsed),
             _ => None,
         };
+        let follow_ups = match &mut execution.outcome {
+            Outcome::Success(result) => follow_ups(store, control, &task, result).await,
+            _ => Ok(Vec::new()),
+        };
         record(&task, &execution, stopped_in);
-        let failure = execution.outcome.failure_kind();
+        let failure = match &follow_ups {
+            Err((kind, message)) => {
+                tracing::info!(attempt = task.attempt, error = %message, "follow-up tasks refused");
+                Some(*kind)
+            }
+            Ok(_) => execution.outcome.failure_kind(),
+        };
         minutes.ended(&task.tenant, &task.task_type, failure.as_ref().map(|k| k.as_str()));
-        Report { task, execution, module_sha256: sha256, retry, stopped_in }
+        Report { task, execution, module_sha256: sha256, retry, stopped_in, follow_ups }
     }
     .instrument(span)
     .await
+}
+
+/// The follow-up tasks a successful result asks for (`$enqueue`, taken out of it), checked as
+/// an enqueue of the task's tenant would be; a refusal fails the attempt with its kind. The
+/// tenant's limits are read (on the control runtime) only when there are follow-ups.
+async fn follow_ups(
+    store: &Store,
+    control: &tokio::runtime::Handle,
+    task: &ClaimedTask,
+    result: &mut serde_json::Value,
+) -> Result<Vec<queue::NewTask>, (FailureKind, String)> {
+    let rejected = |m| (FailureKind::FollowUpRejected, m);
+    let tasks = queue::take_follow_ups(result, &task.tenant).map_err(rejected)?;
+    if tasks.is_empty() {
+        return Ok(tasks);
+    }
+    let mut types: Vec<String> = tasks.iter().map(|t| t.task_type.clone()).collect();
+    types.sort_unstable();
+    types.dedup();
+    let (store, tenant) = (store.clone(), task.tenant.clone());
+    let read = control.spawn(async move { queue::follow_up_limits(&store, &tenant, &types).await });
+    let (limit, with_modules) = match read.await {
+        Ok(Ok(found)) => found,
+        Ok(Err(e)) => return Err((FailureKind::RunnerError, format!("checking follow-ups: {e}"))),
+        Err(e) => return Err((FailureKind::RunnerError, format!("checking follow-ups: {e}"))),
+    };
+    let limit = limit
+        .and_then(|l| usize::try_from(l).ok())
+        .unwrap_or(crate::admin::DEFAULT_MAX_PAYLOAD_BYTES);
+    queue::check_follow_ups(&tasks, limit, &with_modules).map_err(rejected)?;
+    Ok(tasks)
 }
 
 /// The registered bytes of the module with this sha256, or why there are none (the message a
@@ -150,7 +192,14 @@ pub(super) async fn registered_bytes(store: &Store, sha256: &str) -> Result<Vec<
 pub(super) fn unstarted(task: ClaimedTask) -> Report {
     let why = "the runner stopped before the task started".to_owned();
     let execution = not_run(Outcome::NoCapacity(why));
-    Report { task, execution, module_sha256: None, retry: Default::default(), stopped_in: None }
+    Report {
+        task,
+        execution,
+        module_sha256: None,
+        retry: Default::default(),
+        stopped_in: None,
+        follow_ups: Ok(Vec::new()),
+    }
 }
 
 /// Limits from the module's registry settings and the tenant's result limit, which bounds the

@@ -56,6 +56,9 @@ pub struct Report {
     pub retry: RetryPolicy,
     /// A cancel stopped the run: from the request reaching this runner to the instance stopped.
     pub stopped_in: Option<Duration>,
+    /// A success's follow-up tasks (`$enqueue`, checked), or why they were refused: then the
+    /// attempt is reported failed with that kind and message.
+    pub follow_ups: Result<Vec<queue::NewTask>, (FailureKind, String)>,
 }
 
 impl Report {
@@ -260,8 +263,9 @@ impl Pending {
         let since = Instant::now();
         let (unrun, batch): (Vec<Report>, Vec<Report>) =
             batch.into_iter().partition(|r| matches!(r.execution.outcome, Outcome::NoCapacity(_)));
-        let (done, failed): (Vec<Report>, Vec<Report>) =
-            batch.into_iter().partition(|r| r.execution.outcome.is_success());
+        let (done, failed): (Vec<Report>, Vec<Report>) = batch
+            .into_iter()
+            .partition(|r| r.execution.outcome.is_success() && r.follow_ups.is_ok());
         let mut add = |writes: Writes| {
             if writes.len() > 0 {
                 self.groups.push_back(Group { writes, since, weight: None });
@@ -332,6 +336,7 @@ fn completion(r: Report) -> Completion {
         result,
         module_sha256: r.module_sha256,
         logs: (!stderr.is_empty()).then_some(stderr),
+        follow_ups: r.follow_ups.unwrap_or_default(),
         usage: Some(usage),
     }
 }
@@ -353,12 +358,22 @@ fn failure(r: &Report, rng: &mut impl rand::Rng) -> Failure {
         // Tenths of a millisecond: a stop takes a few milliseconds.
         detail["stop_ms"] = json!((stop.as_secs_f64() * 10_000.0).round() / 10.0);
     }
+    // A success whose follow-ups were refused fails with the refusal (never permanent: the
+    // handler may ask for other ones next time).
+    let (kind, message, permanent) = match &r.follow_ups {
+        Err((kind, message)) => (*kind, message.clone(), false),
+        Ok(_) => (
+            e.outcome.failure_kind().unwrap_or(FailureKind::RunnerError),
+            e.failure_message().unwrap_or_default(),
+            e.outcome.is_permanent(),
+        ),
+    };
     Failure {
         id: r.task.id,
         attempt: r.task.attempt,
-        kind: e.outcome.failure_kind().unwrap_or(FailureKind::RunnerError),
-        message: e.failure_message().unwrap_or_default(),
-        permanent: e.outcome.is_permanent(),
+        kind,
+        message,
+        permanent,
         retry_delay: r.retry.delay(u32::try_from(r.task.attempt).unwrap_or(0), rng),
         detail,
         module_sha256: r.module_sha256.clone(),

@@ -13,6 +13,7 @@ pub mod secrets;
 pub mod tasks;
 pub mod tenants;
 pub mod usage;
+pub mod workflows;
 
 use serde::Serialize;
 use warp::http::StatusCode;

@@ -50,7 +50,11 @@ pub async fn enqueue(
     let checked = CheckedTasks::check(&task, limit)
         .map_err(|e| ApiError::from(QueueError::from(e.into_innermost())))?;
     check_modules(&state, &tenant, checked.tasks()).await?;
-    let enqueued = queue::enqueue_checked(state.store(), &checked).await?;
+    let enqueued = queue::enqueue_checked(state.store(), &checked).await.map_err(|e| match e {
+        // One task: its error is the task's own (an `after` entry it names), not the batch's.
+        QueueError::Invalid(invalid) => QueueError::Invalid(invalid.into_innermost()),
+        other => other,
+    })?;
     let enqueued =
         enqueued.first().ok_or_else(|| QueueError::Corrupt("enqueue returned no id".into()))?;
     Ok(created_or_ok(enqueued.created, enqueued))
@@ -118,7 +122,13 @@ pub async fn enqueue_batch(
         return Err(e);
     }
     check_modules(&state, &tenant, checked.tasks()).await?;
-    let enqueued = queue::enqueue_checked(state.store(), &checked).await?;
+    let enqueued = queue::enqueue_checked(state.store(), &checked).await.map_err(|e| match e {
+        // An `after` entry the database refused, named as the checks above name an error.
+        QueueError::Invalid(InvalidTask::InBatch { index, source }) => {
+            in_batch(index, QueueError::from(*source).into())
+        }
+        other => other.into(),
+    })?;
     Ok(json(StatusCode::CREATED, &BatchResponse { tasks: enqueued }))
 }
 
@@ -237,7 +247,8 @@ pub async fn cancel_many(
                 return Err(ApiError::bad_request(
                     "invalid_state",
                     format!(
-                        "state must be one of {}, {} or {} (a live state), got {name:?}",
+                        "state must be one of {}, {}, {} or {} (a live state), got {name:?}",
+                        TaskState::Blocked,
                         TaskState::Pending,
                         TaskState::Retrying,
                         TaskState::Running

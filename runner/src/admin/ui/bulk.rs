@@ -43,7 +43,9 @@ impl Action {
     /// The states the action applies to.
     fn states(self) -> &'static [TaskState] {
         match self {
-            Action::Cancel => &[TaskState::Pending, TaskState::Running, TaskState::Retrying],
+            Action::Cancel => {
+                &[TaskState::Blocked, TaskState::Pending, TaskState::Running, TaskState::Retrying]
+            }
             Action::Requeue => &[TaskState::Dead],
             Action::Delete => &[TaskState::Succeeded, TaskState::Cancelled, TaskState::Dead],
         }

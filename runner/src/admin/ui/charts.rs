@@ -21,9 +21,9 @@ const RANGES: [(&str, i64, i64); 3] =
     [("1h", 3600, 60), ("24h", 24 * 3600, 15 * 60), ("7d", 7 * 24 * 3600, 3600)];
 
 /// Colours of failure kinds, in the order of `FailureKind::ALL` (then grey).
-const KIND_COLOURS: [&str; 12] = [
+const KIND_COLOURS: [&str; 13] = [
     "#d14343", "#e07b39", "#c98a00", "#8e44ad", "#2f5bd3", "#16a085", "#7f8c8d", "#b03a2e",
-    "#5d6d7e", "#a04000", "#1f618d", "#6c3483",
+    "#5d6d7e", "#a04000", "#1f618d", "#117a65", "#6c3483",
 ];
 
 /// `GET /ui/charts?range=1h|24h|7d&task_type=` (`tenant=` for the operator).

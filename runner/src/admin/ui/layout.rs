@@ -20,13 +20,14 @@ const NAV: [(&str, &str); 10] = [
     ("/ui/charts", "Charts"),
     ("/ui/dead", "Dead letters"),
     ("/ui/schedules", "Schedules"),
+    ("/ui/workflows", "Workflows"),
     ("/ui/modules", "Modules"),
     ("/ui/runners", "Runners"),
     ("/ui/tenants", "Tenants"),
     ("/ui/usage", "Usage"),
 ];
 /// Pages of features still to come, in their place (each arrives with its data).
-const LATER: [&str; 2] = ["Workflows", "Compile state"];
+const LATER: [&str; 1] = ["Compile state"];
 
 /// A full page for a logged-in session; `here` is the nav entry to highlight.
 pub fn page(session: &Session, here: &str, title: &str, body: Markup) -> Markup {

@@ -27,6 +27,7 @@ mod schedules;
 mod session;
 mod tasks;
 mod usage;
+mod workflows;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -328,6 +329,28 @@ pub fn routes(state: AdminState) -> BoxedFilter<(Response,)> {
                 schedules::act(state, s, tenant, name, act, form).await
             })
         });
+    let workflow_list = warp::path!("workflows")
+        .and(warp::get())
+        .and(with(&state))
+        .and(cookie())
+        .and(q())
+        .then(|state, cookie, q| get(state, cookie, q, workflows::list));
+    let workflow = warp::path!("workflows" / i64)
+        .and(warp::get())
+        .and(with(&state))
+        .and(cookie())
+        .and(q())
+        .then(|id, state, cookie, q| {
+            get(state, cookie, q, move |state, s, q| workflows::show(state, s, id, q))
+        });
+    let workflow_cancel = warp::path!("workflows" / i64 / "cancel")
+        .and(warp::post())
+        .and(with(&state))
+        .and(post_meta())
+        .and(form())
+        .then(|id, state, meta, form| {
+            post(state, meta, form, move |state, s, form| workflows::cancel(state, s, id, form))
+        });
     let chart_page = warp::path!("charts")
         .and(warp::get())
         .and(with(&state))
@@ -358,6 +381,12 @@ pub fn routes(state: AdminState) -> BoxedFilter<(Response,)> {
         .or(runner_list)
         .unify()
         .or(chart_page)
+        .unify()
+        .or(workflow_list)
+        .unify()
+        .or(workflow)
+        .unify()
+        .or(workflow_cancel)
         .unify()
         .or(usage_page)
         .unify();

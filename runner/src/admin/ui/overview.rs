@@ -118,8 +118,8 @@ pub async fn overview(state: AdminState, s: Session, q: Pairs) -> Page {
                                     a href=(format!("/ui/tasks?task_type={}", t.task_type)) { (t.task_type) }
                                     @if let Some(q) = control(&t.tenant, &t.task_type) { " " (super::queues::pause_badge(q)) }
                                 }
-                                td.num { (t.pending) } td.num { (t.running) } td.num { (t.retrying) }
-                                td.num { (t.succeeded) } td.num { (t.cancelled) }
+                                td.num { (t.blocked) } td.num { (t.pending) } td.num { (t.running) }
+                                td.num { (t.retrying) } td.num { (t.succeeded) } td.num { (t.cancelled) }
                                 td.num { a href=(format!("/ui/dead?task_type={}", t.task_type)) { (t.dead) } }
                                 td.num { (millis(t.oldest_due_ms)) }
                                 td.num { (t.failures_last_hour) } td.num { (t.completed_last_minute) }

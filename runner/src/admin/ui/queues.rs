@@ -75,7 +75,7 @@ pub async fn list(state: AdminState, s: Session, q: Pairs) -> Page {
             } @else {
                 table #queues {
                     thead { tr {
-                        th { "tenant" } th { "task type" } th.num { "pending" } th.num { "running" }
+                        th { "tenant" } th { "task type" } th.num { "blocked" } th.num { "pending" } th.num { "running" }
                         th.num { "retrying" } th.num { "dead" } th.num { "oldest due" } th { "state" }
                         th { "rate limit" } th { "max running" } @if writer { th {} }
                     } }
@@ -87,8 +87,8 @@ pub async fn list(state: AdminState, s: Session, q: Pairs) -> Page {
                             tr id=(format!("queue-{id}")) class=[r.paused.then_some("is-paused")] {
                                 td { (r.tenant) }
                                 td { a href={"/ui/tasks?" (encode(&[("tenant", r.tenant.clone()), ("task_type", r.task_type.clone())]))} { (r.task_type) } }
-                                td.num { (t.pending) } td.num { (t.running) } td.num { (t.retrying) }
-                                td.num { (t.dead) } td.num { (millis(t.oldest_due_ms)) }
+                                td.num { (t.blocked) } td.num { (t.pending) } td.num { (t.running) }
+                                td.num { (t.retrying) } td.num { (t.dead) } td.num { (millis(t.oldest_due_ms)) }
                                 td.state-cell { @if r.paused { (pause_badge(r)) } @else { span.ok { "running" } } }
                                 td {
                                     @if writer {

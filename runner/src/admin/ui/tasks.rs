@@ -159,7 +159,8 @@ fn bulk_bar(
             .map(|st| counts.of(*st))
             .sum()
     };
-    let live = in_view(&[TaskState::Pending, TaskState::Running, TaskState::Retrying]);
+    let live =
+        in_view(&[TaskState::Blocked, TaskState::Pending, TaskState::Running, TaskState::Retrying]);
     let dead = in_view(&[TaskState::Dead]);
     let ended = in_view(&[TaskState::Succeeded, TaskState::Cancelled, TaskState::Dead]);
     html! {

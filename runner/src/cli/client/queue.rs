@@ -29,6 +29,13 @@ pub struct EnqueueArgs {
     /// While a task with this key is live, enqueueing the key again returns that task.
     #[arg(long)]
     pub dedup_key: Option<String>,
+    /// Wait for these tasks (ids, comma-separated) to end first; the task is `blocked` until
+    /// then and gets their results in its payload's `$parents`.
+    #[arg(long, value_delimiter = ',')]
+    pub after: Vec<i64>,
+    /// When a task it waits for ends dead or cancelled: `cancel` (default) or `run` anyway.
+    #[arg(long, value_parser = ["cancel", "run"])]
+    pub on_parent_failure: Option<String>,
     /// (Operator) enqueue for this tenant instead of `default`.
     #[arg(long)]
     pub tenant: Option<String>,
@@ -50,6 +57,8 @@ pub async fn enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
         ("run_at", args.run_at.map(Value::from)),
         ("max_attempts", args.max_attempts.map(Value::from)),
         ("dedup_key", args.dedup_key.map(Value::from)),
+        ("after", (!args.after.is_empty()).then(|| Value::from(args.after.clone()))),
+        ("on_parent_failure", args.on_parent_failure.map(Value::from)),
     ] {
         if let Some(v) = value {
             body[key] = v;
@@ -158,6 +167,7 @@ fn print_task(id: i64, t: &Value) {
         "started_at",
         "finished_at",
         "cancel_requested_at",
+        "blocked_on",
         "dedup_key",
         "module_sha256",
         "created_at",
