@@ -175,7 +175,7 @@ async fn serve_dev(
             run.await
         }
     };
-    pool.close().await;
+    queue::close_pool(&pool).await;
     let summary = summary?;
     println!("runner stopped: {} tasks claimed, {} handed back", summary.claimed, summary.released);
     if died {

@@ -205,7 +205,8 @@ pub use secrets::{
 pub use sessions::{close_ui_session, find_ui_session, open_ui_session, UiSession};
 pub use stats::{queue_stats, TypeStats};
 pub use store::{
-    check_schema, migrate, migrate_with, Migrated, Role, Store, StoreError, StoreOptions, SCHEMA,
+    check_schema, close_pool, migrate, migrate_with, Migrated, Role, Store, StoreError,
+    StoreOptions, SCHEMA,
 };
 pub use tenants::{
     change_tenant_caps, create_tenant, get_tenant, list_tenants, missing_modules, set_tenant_caps,

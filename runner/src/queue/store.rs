@@ -198,7 +198,21 @@ impl Store {
 
     /// Waits for checked-out connections to come back, then closes the pool.
     pub async fn close(&self) {
-        self.pool.close().await;
+        close_pool(&self.pool).await;
+    }
+}
+
+/// Closes `pool` and waits until none of its connections is open any more (at most 10 s).
+///
+/// `Pool::close` (sqlx 0.8) can return while a connection dropped a moment earlier (a LISTEN
+/// task's, say) is still on its way back through a spawned return-to-pool task; a server
+/// stopped right after (as `sweep dev` stops its Postgres) then terminates that connection and
+/// sqlx logs a warning. Waiting for the pool's size to reach zero closes that window.
+pub async fn close_pool(pool: &PgPool) {
+    pool.close().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while pool.size() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
