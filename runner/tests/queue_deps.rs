@@ -37,6 +37,7 @@ fn dies(c: &ClaimedTask) -> Failure {
         retry_delay: Duration::ZERO,
         detail: json!({}),
         module_sha256: None,
+        usage: None,
     }
 }
 

@@ -115,6 +115,7 @@ pub async fn workflow(store: &Store, args: &WorkflowArgs) -> anyhow::Result<()> 
             module_sha256: None,
             logs: None,
             follow_ups: tasks.clone(),
+            usage: None,
         };
         let t = Instant::now();
         let lost = queue::complete_batch(pool, runner, std::slice::from_ref(&done)).await?;

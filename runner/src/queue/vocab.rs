@@ -193,7 +193,7 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 13] = [
+    pub const ALL: [FailureKind; 14] = [
         FailureKind::HandlerError,
         FailureKind::OutOfFuel,
         FailureKind::Timeout,

@@ -13,7 +13,7 @@ use crate::queue::TaskState;
 pub const POLL: &str = "every 1s";
 
 /// Sections in the nav: (path, label).
-const NAV: [(&str, &str); 10] = [
+const NAV: [(&str, &str); 11] = [
     ("/ui", "Overview"),
     ("/ui/tasks", "Tasks"),
     ("/ui/queues", "Queues"),
