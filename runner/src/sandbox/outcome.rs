@@ -75,8 +75,9 @@ pub enum Outcome {
     ModuleMissing,
     /// The runner could not run the task; not the guest's fault.
     RunnerError(String),
-    /// The instance pool had no free slot for as long as the sandbox waits for one. Nothing of
-    /// the guest ran: the worker hands the task back to the queue without counting an attempt.
+    /// The instance pool had no free slot for as long as the sandbox waits for one (or the
+    /// worker could not read what the task is given: see `worker::execute`). Nothing of the
+    /// guest ran: the worker hands the task back to the queue without counting an attempt.
     NoCapacity(String),
     /// A cancel of the task stopped the run (see `Sandbox::run_cancellable`). Permanent: the
     /// queue ends the task `cancelled`.

@@ -87,7 +87,10 @@ pub(super) async fn execute(
                         let granted =
                             capabilities.get(store, control, tenant, task_type, module.version);
                         match granted.await.as_deref() {
-                            Err(why) => not_run(Outcome::RunnerError(why.clone())),
+                            // The database did not answer (an outage, a full pool): the
+                            // guest did not run and the task is as good as unclaimed, so it
+                            // goes back uncounted, as when no instance slot is free.
+                            Err(why) => not_run(Outcome::NoCapacity(why.clone())),
                             Ok(Granted::Refused(why)) => {
                                 not_run(Outcome::SecretsUnavailable(why.clone()))
                             }
