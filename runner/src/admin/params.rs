@@ -79,6 +79,19 @@ impl Query {
         }
     }
 
+    /// A row id: a whole number from 1 to `i64::MAX` (ids are Postgres `bigint`s).
+    pub fn take_id(&mut self, name: &str) -> Result<Option<TaskId>, ApiError> {
+        match self.take_positive(name)? {
+            None => Ok(None),
+            Some(v) => TaskId::try_from(v).map(Some).map_err(|_| {
+                ApiError::bad_request(
+                    "invalid_parameter",
+                    format!("parameter `{name}` must be at most {}, got {v}", TaskId::MAX),
+                )
+            }),
+        }
+    }
+
     /// `true`, `false`, `1` or `0`; an empty value (`?all=`, `?all`) is no boolean.
     pub fn take_bool(&mut self, name: &str) -> Result<Option<bool>, ApiError> {
         let Some(raw) = self.take(name) else { return Ok(None) };
@@ -403,7 +416,7 @@ impl TaskQuery {
             }
             None => None,
         };
-        let id = q.take_positive("id")?;
+        let id = q.take_id("id")?;
         if let Some(id) = id {
             given.push(("id", id.to_string()));
         }
@@ -415,23 +428,19 @@ impl TaskQuery {
         };
         let since = time("since")?;
         let until = time("until")?;
-        let before = q.take_positive("before")?;
+        let before = q.take_id("before")?;
         let limit = q.take_positive("limit")?.unwrap_or(DEFAULT_TASK_PAGE as u64);
         if limit > MAX_TASK_PAGE {
             return Err(bad_param("limit", format!("must be at most {MAX_TASK_PAGE}")));
         }
-        let as_id = |name: &str, v: u64| {
-            TaskId::try_from(v)
-                .map_err(|_| bad_param(name, format!("must be at most {}", TaskId::MAX)))
-        };
         let filter = TaskFilter {
             tenant,
             state,
             task_type,
             since,
             until,
-            before: before.map(|b| as_id("before", b)).transpose()?,
-            id: id.map(|i| as_id("id", i)).transpose()?,
+            before,
+            id,
             type_prefix,
             payload,
             limit: i64::try_from(limit).unwrap_or(DEFAULT_TASK_PAGE),

@@ -38,7 +38,7 @@ pub async fn dead(state: AdminState, caller: Caller, query: Vec<(String, String)
     let mut q = Query::new(query)?;
     let scope = caller.read_scope(q.take("tenant").as_deref())?;
     let task_type = q.take("task_type");
-    let after = q.take_positive("after")?;
+    let after = q.take_id("after")?;
     let limit = q.take_positive("limit")?.unwrap_or(DEFAULT_DEAD_PAGE);
     q.finish()?;
     if let Some(t) = &task_type {
@@ -51,16 +51,6 @@ pub async fn dead(state: AdminState, caller: Caller, query: Vec<(String, String)
             format!("parameter `limit` must be at most {MAX_DEAD_PAGE}"),
         ));
     }
-    let after = match after.map(TaskId::try_from) {
-        Some(Err(_)) => {
-            return Err(ApiError::bad_request(
-                "invalid_parameter",
-                format!("parameter `after` must be at most {}", TaskId::MAX),
-            ))
-        }
-        Some(Ok(id)) => Some(id),
-        None => None,
-    };
     let limit = i64::try_from(limit).unwrap_or(1);
     let tasks =
         queue::list_dead(state.store(), scope.as_deref(), task_type.as_deref(), after, limit)

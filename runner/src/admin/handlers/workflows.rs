@@ -82,7 +82,7 @@ pub async fn show(state: AdminState, caller: Caller, id: i64) -> Answer {
 pub async fn list(state: AdminState, caller: Caller, query: Vec<(String, String)>) -> Answer {
     let mut q = Query::new(query)?;
     let requested = q.take("tenant");
-    let before = q.take_positive("before")?.map(|b| i64::try_from(b).unwrap_or(i64::MAX));
+    let before = q.take_id("before")?;
     let limit = match q.take_positive("limit")? {
         None => 20,
         Some(n) if n <= 100 => n as i64,
