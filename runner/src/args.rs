@@ -220,9 +220,16 @@ impl WorkerArgs {
     }
 }
 
-/// Where `scripts/build-modules.sh` puts the Wasm modules.
+/// Where `scripts/build-modules.sh` puts the Wasm modules (preview 1).
 pub fn default_modules_dir() -> PathBuf {
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
-    target.join("wasm32-wasip1").join("wasm")
+    target_dir().join("wasm32-wasip1").join("wasm")
+}
+
+/// Where `scripts/build-modules.sh` puts the WASI 0.2 components (`components/`).
+pub fn default_components_dir() -> PathBuf {
+    target_dir().join("wasm32-wasip2").join("wasm")
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from)
 }

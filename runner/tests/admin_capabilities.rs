@@ -11,6 +11,7 @@ use admin_support::*;
 use serde_json::{json, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::admin::{self, AdminConfig};
+use sweep::config::WorkerConfig;
 use sweep::queue::{self, AttemptUsage, Completion, Failure, FailureKind, NewTask, TenantCaps};
 use sweep::secrets::SecretsKey;
 
@@ -429,4 +430,55 @@ async fn usage_is_totalled_per_tenant_type_and_day(_: PgPoolOptions, db: PgConne
     sqlx::query("delete from sweep.finished_tasks").execute(&pool).await.unwrap();
     let after = api.get("/v1/usage", Some(&acme)).await.ok(200).clone();
     assert_eq!(after["totals"], mine["totals"]);
+}
+
+/// The real job, all through the API: the operator allows the mail API's address, the
+/// tenant stores its key and uploads `send-email` naming it, enqueues an email, a runner with
+/// the deployment's key sends it; the result carries the provider's message id, the provider
+/// saw the key, and nothing the API shows carries it.
+#[sqlx::test(migrations = false)]
+async fn an_email_goes_out_through_the_api_with_the_tenants_key(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    use sweep_dev::mail::{MailApi, Reply};
+    let db = migrated(db).await;
+    let key = SecretsKey::generate().0;
+    let api =
+        api_with(&db, AdminConfig { secrets_key: Some(key.clone()), ..AdminConfig::default() });
+    let mail = MailApi::start(Reply::MessageId).await.unwrap();
+    let acme = api.tenant("acme", TenantCaps::default()).await;
+    let value = "sk-live-4f1c9e";
+
+    put(&api, "/v1/tenants/acme/egress", Some(OPERATOR), &json!({"allow": [mail.allow_entry()]}))
+        .await
+        .ok(200);
+    put(&api, "/v1/secrets/MAIL_API_KEY", Some(&acme), &json!({"value": value})).await.ok(201);
+    let bytes = sweep_dev::modules::component_bytes("send-email");
+    let uploaded =
+        api.put_wasm("/v1/modules/send_email?secrets=MAIL_API_KEY", Some(&acme), &bytes).await;
+    assert_eq!(uploaded.ok(201)["secrets"], json!(["MAIL_API_KEY"]));
+    let email = json!({"mail_api_url": mail.url(), "to": "ada@example.com", "subject": "Shipped"});
+    let id = api.enqueue(&acme, "send_email", email).await;
+
+    let config = WorkerConfig { secrets_key: Some(key), ..unpooled_config(2) };
+    let worker = start_worker(&db, config);
+    let task = api.get(&format!("/v1/tasks/{id}?wait=60s"), Some(&acme)).await.ok(200).clone();
+    worker.stop().await;
+
+    assert_eq!(task["state"], "succeeded", "{task}");
+    assert_eq!(task["result"], json!({"message_id": "msg-1", "status": 200}));
+    assert_eq!(task["usage"]["http_requests"], 1, "{task}");
+    let sent = mail.requests();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].header("authorization"), Some(format!("Bearer {value}").as_str()));
+    let body: Value = serde_json::from_slice(&sent[0].body).unwrap();
+    assert_eq!(body, json!({"to": "ada@example.com", "subject": "Shipped"}));
+    for shown in [
+        api.get(&format!("/v1/tasks/{id}"), Some(&acme)).await.text.clone(),
+        api.get("/v1/secrets", Some(&acme)).await.text.clone(),
+        api.get("/v1/modules/send_email", Some(&acme)).await.text.clone(),
+    ] {
+        assert!(!shown.contains(value), "the key is shown: {shown}");
+    }
 }

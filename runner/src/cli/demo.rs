@@ -14,12 +14,14 @@ use sqlx::{migrate::MigrateDatabase, Postgres};
 use sweep::{
     queue::{self, ModuleSettings, NewTask, Registered, Role, Store, TaskState, TaskView},
     sandbox::{sha256_hex, Sandbox},
+    secrets::SecretsKey,
     worker::Worker,
 };
 use tokio::sync::oneshot;
 
+use super::demo_mail::{self, DemoMail};
 use super::local_pg::{LocalPgArgs, LocalPostgres};
-use super::serve::{default_modules_dir, WorkerArgs};
+use super::serve::{default_components_dir, default_modules_dir, WorkerArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -33,6 +35,9 @@ pub struct DemoArgs {
     /// Where the built Wasm modules are (see scripts/build-modules.sh).
     #[arg(long, default_value_os_t = default_modules_dir())]
     pub modules_dir: PathBuf,
+    /// Where the built WASI 0.2 components are (`send-email.wasm`; scripts/build-modules.sh).
+    #[arg(long, default_value_os_t = default_components_dir())]
+    pub components_dir: PathBuf,
     #[command(flatten)]
     pub worker: WorkerArgs,
 }
@@ -113,8 +118,9 @@ async fn run_demo(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
     queue::migrate(url).await.context("creating the demo database")?;
     let store = Store::open(url, Role::Runner, 8).await.context("opening the demo database")?;
     let pool = store.pool().clone();
-    let worker = Worker::new(&store, super::serve::worker_config(&args.worker)?)
-        .context("starting the runner")?;
+    let mut config = super::serve::worker_config(&args.worker)?;
+    let secrets_key = config.secrets_key.get_or_insert_with(|| SecretsKey::generate().0).clone();
+    let worker = Worker::new(&store, config).context("starting the runner")?;
 
     println!("== registering modules from {}", args.modules_dir.display());
     for (task_type, file, settings) in modules() {
@@ -137,8 +143,19 @@ async fn run_demo(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
         );
     }
 
+    let mail = DemoMail::start().await?;
+    let component = args.components_dir.join("send-email.wasm");
+    mail.register(&pool, worker.sandbox(), &secrets_key, queue::DEFAULT_TENANT, &component).await?;
+    println!(
+        "  {:<10} component, egress {} only, secret MAIL_API_KEY (a stand-in mail API)",
+        demo_mail::TASK_TYPE,
+        mail.url()
+    );
+
+    let mut work = tasks();
+    work.push(mail.task());
     let ids: Vec<i64> =
-        queue::enqueue_many(&pool, &tasks()).await?.into_iter().map(|e| e.id).collect();
+        queue::enqueue_many(&pool, &work).await?.into_iter().map(|e| e.id).collect();
     println!("== enqueued {} tasks; running them in a sandboxed runner", ids.len());
 
     let (stop, stopped) = oneshot::channel::<()>();
@@ -154,6 +171,7 @@ async fn run_demo(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
     for t in &views {
         println!("{}", describe(t));
     }
+    println!("== the stand-in mail API accepted {} email(s)", mail.sent());
     println!("== queue stats");
     for s in queue::queue_stats(&pool, None).await? {
         println!(
@@ -161,7 +179,7 @@ async fn run_demo(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
             s.task_type, s.succeeded, s.dead, s.failures_last_hour
         );
     }
-    pool.close().await;
+    queue::close_pool(&pool).await;
     Ok(())
 }
 

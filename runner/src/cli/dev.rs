@@ -21,8 +21,9 @@ use sweep::{
 use super::{
     client::AdminServerArgs,
     demo,
+    demo_mail::{self, DemoMail},
     local_pg::{LocalPgArgs, LocalPostgres},
-    serve::{self, default_modules_dir, Runner, WorkerArgs},
+    serve::{self, default_components_dir, default_modules_dir, Runner, WorkerArgs},
 };
 
 /// The tenant `sweep dev` registers the examples for and prints a token of.
@@ -44,8 +45,12 @@ pub struct DevArgs {
     /// Where the built example modules are (see scripts/build-modules.sh).
     #[arg(long, default_value_os_t = default_modules_dir())]
     pub modules_dir: PathBuf,
+    /// Where the built WASI 0.2 components are (`send-email.wasm`, for `--demo`).
+    #[arg(long, default_value_os_t = default_components_dir())]
+    pub components_dir: PathBuf,
     /// Also enqueue the demo's tasks for tenant `dev` (one that retries, one that runs away,
-    /// some that end in the dead-letter table), to watch in the dashboard.
+    /// some that end in the dead-letter table, an email sent through a stand-in mail API on
+    /// loopback), to watch in the dashboard.
     #[arg(long)]
     pub demo: bool,
     #[command(flatten)]
@@ -84,12 +89,10 @@ async fn serve_dev(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let mut config = serve::worker_config(&args.worker)?;
-    if config.secrets_key.is_none() {
-        // A key for this session only: secrets set now cannot be opened by a later session
-        // with another key (their tasks then fail as secrets_unavailable, saying so).
-        let (key, _) = sweep::secrets::SecretsKey::generate();
-        config.secrets_key = Some(key);
-    }
+    // Without one given, a key for this session only: secrets set now cannot be opened by a
+    // later session with another key (their tasks then fail as secrets_unavailable, saying so).
+    let secrets_key =
+        config.secrets_key.get_or_insert_with(|| sweep::secrets::SecretsKey::generate().0).clone();
     queue::migrate(url).await.context("migrating the database")?;
     let listen = args.worker.listen_options().context("invalid --listen-url (SWEEP_LISTEN_URL)")?;
     let connect = StoreOptions { listen, ..StoreOptions::default() };
@@ -109,9 +112,23 @@ async fn serve_dev(
         registered.push(task_type);
     }
 
+    // Lives as long as the runner: the demo's email task posts to it.
+    let mut mail = None;
+    if args.demo {
+        let path = args.components_dir.join("send-email.wasm");
+        if path.is_file() {
+            let server = DemoMail::start().await?;
+            server.register(&pool, runner.sandbox(), &secrets_key, DEV_TENANT, &path).await?;
+            registered.push(demo_mail::TASK_TYPE);
+            mail = Some(server);
+        } else {
+            missing.push(path);
+        }
+    }
     let demo_tasks = if args.demo {
-        let work: Vec<queue::NewTask> =
-            demo::tasks().into_iter().map(|t| t.tenant(DEV_TENANT)).collect();
+        let mut work: Vec<queue::NewTask> = demo::tasks();
+        work.extend(mail.as_ref().map(DemoMail::task));
+        let work: Vec<queue::NewTask> = work.into_iter().map(|t| t.tenant(DEV_TENANT)).collect();
         queue::enqueue_many(&pool, &work).await.context("enqueueing the demo's tasks")?;
         work.len()
     } else {
@@ -152,6 +169,9 @@ async fn serve_dev(
     if demo_tasks > 0 {
         println!("  demo       {demo_tasks} tasks enqueued: watch them run, retry and die on the dashboard");
     }
+    if let Some(mail) = &mail {
+        println!("  mail       {} (stand-in mail API; tenant dev's egress allows it)", mail.url());
+    }
     println!("try:");
     println!("  export SWEEP_URL=http://{addr} SWEEP_TOKEN={token}");
     println!("  sweep enqueue wordcount '{{\"text\": \"a b a\"}}' && sweep stats");
@@ -176,6 +196,7 @@ async fn serve_dev(
         }
     };
     queue::close_pool(&pool).await;
+    drop(mail);
     let summary = summary?;
     println!("runner stopped: {} tasks claimed, {} handed back", summary.claimed, summary.released);
     if died {

@@ -7,6 +7,7 @@
 
 mod client;
 mod demo;
+mod demo_mail;
 mod dev;
 mod local_pg;
 mod serve;

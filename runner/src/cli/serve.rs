@@ -15,7 +15,7 @@ use sweep::{
 use tokio::sync::watch;
 
 use super::{client::AdminServerArgs, DatabaseArgs, MigrateArgs};
-pub use sweep::args::{default_modules_dir, WorkerArgs};
+pub use sweep::args::{default_components_dir, default_modules_dir, WorkerArgs};
 
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
     let url = match (args.db.pooled, args.listen_url.as_deref().filter(|url| !url.is_empty())) {
