@@ -369,6 +369,9 @@ impl Worker {
             match self.claim_into(&lane, seats, &mut held).await {
                 Claimed::Tasks(n) => {
                     claimed_total += n;
+                    if n > 0 {
+                        held.early_retry = None;
+                    }
                     if n == 0 && mode == ClaimMode::Fair {
                         let idle = self.idle_wait(&mut held).await;
                         tokio::select! {
@@ -459,13 +462,27 @@ impl Worker {
 
     /// How long a lane that found nothing due sleeps unless a wake-up comes first: until the
     /// earliest due time the queue hints hold (`queue::next_due_in`), so a delayed task starts
-    /// at its `run_at`, and at most the poll interval. Asked on the lane's own connection, and
-    /// only after a claim that came back empty: a busy lane never sends it.
+    /// at its `run_at`, and at most the poll interval. While a hint has passed with nothing
+    /// claimed (an early hint, or a queue held back by its caps) it looks again after
+    /// [`EARLY_RETRY`], doubling on each empty claim in a row up to the poll interval: an early
+    /// hint is raised by the next claim that probes its queue, and may hide a task due sooner
+    /// than the poll interval; a held-back queue costs a few claims per idle spell. Asked on
+    /// the lane's own connection, and only after a claim that came back empty: a busy lane
+    /// never sends it.
     async fn idle_wait(&self, held: &mut LaneClaims) -> std::time::Duration {
         let poll = self.config.poll_interval;
         let Some(conn) = held.conn.as_mut() else { return poll };
         match queue::next_due_in(conn, &self.config.task_types).await {
-            Ok(due) => due.map_or(poll, |d| d.min(poll)),
+            Ok(next) => {
+                let due = next.due_in.map_or(poll, |d| d.min(poll));
+                if !next.early {
+                    held.early_retry = None;
+                    return due;
+                }
+                let retry = held.early_retry.map_or(EARLY_RETRY, |r| (r * 2).min(poll));
+                held.early_retry = Some(retry);
+                due.min(retry)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "reading the next due time failed; polling instead");
                 held.conn = None;
@@ -643,7 +660,13 @@ async fn warm_modules(
 struct LaneClaims {
     cursor: ClaimCursor,
     conn: Option<Conn<sqlx::pool::PoolConnection<sqlx::Postgres>>>,
+    /// The last wait after an empty claim that saw a passed hint (see `idle_wait`); `None`
+    /// once a claim takes tasks or no hint has passed.
+    early_retry: Option<std::time::Duration>,
 }
+
+/// The first wait of a lane whose empty claim saw a passed hint (see `Worker::idle_wait`).
+const EARLY_RETRY: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// What one claim of a lane came to.
 enum Claimed {

@@ -217,3 +217,39 @@ async fn heartbeat_extends_only_the_leases_the_runner_names_and_owns(
     assert_eq!(runners.len(), 1);
     assert_eq!(runners[0].host, "host-a");
 }
+
+/// What a claimer that found nothing learns from the hints: the time to the earliest future
+/// hint, and whether a hint has passed. An early hint (here set back by hand, as a claim that
+/// could not raise it leaves it) hides its queue's next task from the first; it is flagged,
+/// and the next claim that probes the queue raises it to that task's due time.
+#[sqlx::test(migrations = false)]
+async fn an_early_hint_is_flagged_until_a_claim_raises_it(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let runner = new_runner();
+    let none = queue::next_due_in(&pool, &[]).await.unwrap();
+    assert_eq!(none, queue::NextDue { due_in: None, early: false });
+
+    let delay = std::time::Duration::from_secs(30);
+    queue::enqueue(&pool, NewTask::new("later", serde_json::json!({})).delay(delay)).await.unwrap();
+    let next = queue::next_due_in(&pool, &[]).await.unwrap();
+    assert!(!next.early);
+    let due_in = next.due_in.expect("a future hint");
+    assert!(due_in > delay - std::time::Duration::from_secs(5) && due_in <= delay, "{due_in:?}");
+    // Another type's claimer sees none of it.
+    let other = queue::next_due_in(&pool, &["other".to_owned()]).await.unwrap();
+    assert_eq!(other, queue::NextDue { due_in: None, early: false });
+
+    sqlx::query("update sweep.queues set next_run_at = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let early = queue::next_due_in(&pool, &[]).await.unwrap();
+    assert_eq!(early, queue::NextDue { due_in: None, early: true });
+
+    assert!(claim(&pool, runner, 10).await.is_empty());
+    let raised = queue::next_due_in(&pool, &[]).await.unwrap();
+    assert!(!raised.early, "the claim raised the hint");
+    let due_in = raised.due_in.expect("the hint is the task's due time again");
+    assert!(due_in > delay - std::time::Duration::from_secs(5) && due_in <= delay, "{due_in:?}");
+}

@@ -116,24 +116,39 @@ pub async fn claim_from<'c, E: PgExecutor<'c>>(
     Ok(rows.into_iter().map(ClaimRow::into_task).collect())
 }
 
+/// What a claimer that found nothing due learns from the queue hints ([`next_due_in`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NextDue {
+    /// How long until the earliest hint in the future of an unpaused queue a claim of the
+    /// claimer's task types could take; `None` when there is none.
+    pub due_in: Option<Duration>,
+    /// Some such queue's hint has passed although the claim found nothing: either the hint is
+    /// early (a claim that emptied the queue could not raise it, its row being held by an
+    /// enqueue in flight; the next claim that probes the queue raises it) or the queue is held
+    /// back by a cap or a rate. The claimer looks again soon, backing off, rather than sleep
+    /// past a task the early hint hides.
+    pub early: bool,
+}
+
 /// How long until the earliest waiting task that a claim of `task_types` (empty: any type)
-/// could take becomes due, from the queue hints: `None` when no unpaused queue has a hint in
-/// the future. Measured on the database's clock (`clock_timestamp()`), so the caller sleeps a
-/// relative duration and runners' clocks never enter. A claimer that found nothing due sleeps
-/// until then (or until a wake-up) instead of its whole poll interval, so a delayed task starts
-/// at its `run_at`, not up to a poll interval later.
+/// could take becomes due, from the queue hints, and whether a hint has passed with nothing
+/// claimed ([`NextDue`]). Measured on the database's clock (`clock_timestamp()`), so the
+/// caller sleeps a relative duration and runners' clocks never enter. A claimer that found
+/// nothing due sleeps until then (or until a wake-up) instead of its whole poll interval, so
+/// a delayed task starts at its `run_at`, not up to a poll interval later.
 ///
-/// A hint may be early (its queue emptied by a claim that could not lock the row to raise it):
-/// the claimer then wakes, finds nothing, and looks again, at a cost of one claim; a hint is
-/// never later than the queue's earliest waiting task but for a lowering in flight, which its
-/// enqueue's notification covers.
+/// A hint is never later than the queue's earliest waiting task but for a lowering in
+/// flight, which its enqueue's notification covers; it may be early (see [`NextDue::early`]).
 pub async fn next_due_in<'c, E: PgExecutor<'c>>(
     executor: E,
     task_types: &[String],
-) -> Result<Option<Duration>, QueueError> {
-    let secs: Option<f64> =
-        sqlx::query_scalar(NEXT_DUE).bind(task_types).fetch_optional(executor).await?;
-    Ok(secs.map(|s| Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO)))
+) -> Result<NextDue, QueueError> {
+    let (secs, early): (Option<f64>, bool) =
+        sqlx::query_as(NEXT_DUE).bind(task_types).fetch_one(executor).await?;
+    Ok(NextDue {
+        due_in: secs.map(|s| Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO)),
+        early,
+    })
 }
 
 /// How long a claimer goes on from its cursor before it claims from the head of the queue
@@ -338,14 +353,18 @@ const CLAIM_FROM: &str = concat!(
     "#
 );
 
-// Through `queues_next_due` (migrations/0005_fair_scale.sql): the first hint after now().
+// Both through `queues_next_due` (migrations/0005_fair_scale.sql): the first hint after now(),
+// and whether any hint at or before now() is left.
 const NEXT_DUE: &str = r#"
-    select greatest(extract(epoch from q.next_run_at - clock_timestamp()), 0)::float8
-    from sweep.queues q
-    where q.next_run_at is not null and not q.paused and q.next_run_at > now()
-      and (cardinality($1::text[]) = 0 or q.task_type = any($1::text[]))
-    order by q.next_run_at
-    limit 1
+    select (select greatest(extract(epoch from q.next_run_at - clock_timestamp()), 0)::float8
+            from sweep.queues q
+            where q.next_run_at is not null and not q.paused and q.next_run_at > now()
+              and (cardinality($1::text[]) = 0 or q.task_type = any($1::text[]))
+            order by q.next_run_at
+            limit 1),
+           exists (select 1 from sweep.queues q
+                   where q.next_run_at is not null and not q.paused and q.next_run_at <= now()
+                     and (cardinality($1::text[]) = 0 or q.task_type = any($1::text[])))
     "#;
 
 const HEARTBEAT: &str = concat!(

@@ -152,7 +152,7 @@ mod workflows;
 pub use batch::{CheckedTasks, MAX_BATCH};
 pub use claim::{
     cancel_requests, claim, claim_batch, claim_from, heartbeat_leases, next_due_in, release_batch,
-    ClaimCursor, ClaimMode,
+    ClaimCursor, ClaimMode, NextDue,
 };
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
 pub use copy::COPY_MIN_BATCH;
