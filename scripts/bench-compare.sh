@@ -3,7 +3,8 @@
 # ratios the throughput targets are stated in (README, "Performance"):
 #   1. the raw SQL ceiling: benches/compare/sql-limit.sh 50 (pgbench, claim + complete, batch 50)
 #   2. Graphile Worker 0.18, batched: benches/compare/graphile.sh N (Node; npm installs it once)
-#   3. sweep-bench throughput at default settings, Rust SDK no-op guest, then the empty guest
+#   3. sweep-bench throughput at default settings: the Rust SDK no-op guest, the same no-op as a
+#      WASI 0.2 component, then the empty guest
 #   4. the criterion claim + complete bench at batch 50, 4 claimers (skipped with SKIP_CRITERION=1)
 #   5. sql-limit again, so the drift of the machine over the run is visible
 # Prints each target's ratio against the mean of the two sql-limit runs, and writes the run
@@ -25,7 +26,7 @@ export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 target=${CARGO_TARGET_DIR:-target}
 
 echo "== building (release): sweep-bench, the Wasm modules" >&2
-scripts/build-modules.sh noop >/dev/null
+scripts/build-modules.sh noop component-noop >/dev/null
 cargo build -q --release -p sweep-dev --bin sweep-bench
 bench="$target/release/sweep-bench"
 modules="$target/wasm32-wasip1/wasm"
@@ -33,7 +34,7 @@ modules="$target/wasm32-wasip1/wasm"
 log=$(mktemp); trap 'rm -f "$log"' EXIT
 sql_limit() { benches/compare/sql-limit.sh 50 | tee -a "$log" | sed -n 's/.*jobs_per_s=\([0-9.]*\).*/\1/p'; }
 sweep() {
-  "$bench" --guest "$1" --modules-dir "$modules" throughput --tasks "$tasks" 2>&1 | tee -a "$log" \
+  "$bench" --guest "$1" --modules-dir "$modules" --components-dir "$target/wasm32-wasip2/wasm" throughput --tasks "$tasks" 2>&1 | tee -a "$log" \
     | sed -n 's/^drained .*: \([0-9.]*\) tasks\/s.*/\1/p'
 }
 mean() { awk '{ s += $1; n++ } END { if (n) printf "%.0f", s / n }'; }
@@ -48,9 +49,10 @@ load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 date -u +"== %Y-%m-%d %H:%M UTC on $cores cores ($cpu), $(uname -r)" | tee -a "$log"
 echo "== sql-limit (before)"; before=$(sql_limit); echo "$before jobs/s"
 echo "== graphile-worker"; gw=$(benches/compare/graphile.sh "$tasks" | tee -a "$log" | sed -n 's/.*= \([0-9.]*\) jobs\/s.*/\1/p'); echo "$gw jobs/s"
-rust=(); bare=()
+rust=(); component=(); bare=()
 for _ in $(seq "$runs"); do
   echo "== sweep, Rust SDK guest, defaults"; r=$(sweep rust); echo "$r tasks/s"; rust+=("$r")
+  echo "== sweep, Rust component guest, defaults"; c=$(sweep component); echo "$c tasks/s"; component+=("$c")
   echo "== sweep, empty guest, defaults"; b=$(sweep bare); echo "$b tasks/s"; bare+=("$b")
 done
 claim=""
@@ -65,6 +67,7 @@ echo "== sql-limit (after)"; after=$(sql_limit); echo "$after jobs/s"
 
 ceiling=$(printf '%s\n%s\n' "$before" "$after" | mean)
 rust_mean=$(printf '%s\n' "${rust[@]}" | mean)
+component_mean=$(printf '%s\n' "${component[@]}" | mean)
 bare_mean=$(printf '%s\n' "${bare[@]}" | mean)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "?" }'; }
 table() {
@@ -73,6 +76,7 @@ table() {
   echo "| raw SQL ceiling (sql-limit.sh 50), before / after | $before / $after | | | |"
   echo "| Graphile Worker 0.18, batched | $gw | | | |"
   echo "| Sweep, Rust SDK no-op, defaults (runs: ${rust[*]}) | $rust_mean | Graphile Worker | $(ratio "$rust_mean" "$gw") | ≥ 1.2x |"
+  echo "| Sweep, Rust component no-op, defaults (runs: ${component[*]}) | $component_mean | Graphile Worker | $(ratio "$component_mean" "$gw") | ≥ 1.0x |"
   echo "| Sweep, empty guest, defaults (runs: ${bare[*]}) | $bare_mean | sql-limit | $(ratio "$bare_mean" "$ceiling") | ≥ 1.0x |"
   if [ -n "$claim" ]; then
     echo "| criterion claim + complete, 4 x 50 | $claim | sql-limit | $(ratio "$claim" "$ceiling") | ≥ 1.0x |"

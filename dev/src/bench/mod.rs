@@ -34,7 +34,7 @@ use sweep::{
 };
 use tokio::{sync::oneshot, time::Instant};
 
-use sweep::args::{default_modules_dir, WorkerArgs};
+use sweep::args::{default_components_dir, default_modules_dir, WorkerArgs};
 
 use crate::fixtures;
 
@@ -66,6 +66,9 @@ pub struct BenchArgs {
     /// Where the built Wasm modules are (see scripts/build-modules.sh).
     #[arg(long, global = true, default_value_os_t = default_modules_dir())]
     pub modules_dir: PathBuf,
+    /// Where the built WASI 0.2 components are (`--guest component`).
+    #[arg(long, global = true, default_value_os_t = default_components_dir())]
+    pub components_dir: PathBuf,
     /// The raw SQL ceiling in jobs/s (from shared/bench/sql-limit.sh), to print a ratio.
     #[arg(long, global = true)]
     pub sql_limit: Option<f64>,
@@ -81,6 +84,8 @@ pub enum Guest {
     Rust,
     /// An empty `_start`: the floor of the sandbox's per-task cost.
     Bare,
+    /// components/component-noop: the same work as `rust` as a WASI 0.2 component.
+    Component,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -148,6 +153,8 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         Guest::Rust => std::fs::read(args.modules_dir.join("noop.wasm"))
             .context("reading noop.wasm (run scripts/build-modules.sh first)")?,
         Guest::Bare => crate::modules::empty_module(),
+        Guest::Component => std::fs::read(args.components_dir.join("component-noop.wasm"))
+            .context("reading component-noop.wasm (run scripts/build-modules.sh first)")?,
     };
     queue::register_module(
         pool,
