@@ -324,9 +324,10 @@ pub(crate) fn load_artifact(
     // - `Compiler::compile`: straight from the child's stdout, a pipe nothing else writes to;
     //   the kind is read from the same module bytes by both sides
     //   (`wasmparser::Parser::is_component`);
-    // - `artifacts::load_stored`: from the fleet's artifact store (`sweep.compiled_artifacts`),
-    //   where only `save_artifact` writes, with the stdout of such a child (the store's rows
-    //   come only from `Compiler::compile`'s artifacts). It is loaded only when the SHA-256 of
+    // - `Sandbox::load_artifact` (`artifacts`): from the fleet's artifact store
+    //   (`sweep.compiled_artifacts`), where only `queue::save_artifact` writes, with the
+    //   artifacts `Sandbox::compile_sharing` took from `Compiler::compile`, so the stdout of
+    //   such a child. It is loaded only when the SHA-256 of
     //   the bytes read back equals the `artifact_sha256` stored with them when they were
     //   written, its kind is the stored kind (written with it), and its engine fingerprint is
     //   this runner's child's. The store is trusted as the runners' own database is: the
