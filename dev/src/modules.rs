@@ -140,3 +140,49 @@ fn leb(out: &mut Vec<u8>, mut value: u64) {
         out.push(byte | 0x80);
     }
 }
+
+/// A valid handler shaped like the code a compiler emits for a language runtime, in bulk:
+/// `functions` functions of ordinary control flow (a loop over linear memory with loads,
+/// stores, a branch per iteration and a call to an earlier function), plus one large
+/// function of `large_blocks` small conditional blocks, as an interpreter's dispatch loop
+/// is (CPython's is one function of 417 KiB). Cranelift compiles such code at roughly the
+/// rate it compiles a real runtime, far below the costly shapes of [`compile_bomb`]; tests
+/// use it as the big module a compile budget must admit.
+pub fn benign_runtime(functions: u32, large_blocks: u32) -> Vec<u8> {
+    let mut wat = String::from(
+        r#"(module (memory (export "memory") 1) (func (export "_start") (drop (call $f0 (i32.const 0) (i32.const 8))))"#,
+    );
+    for k in 0..functions {
+        let callee = if k == 0 {
+            String::new()
+        } else {
+            format!("(local.set $acc (i32.add (local.get $acc) (call $f{} (local.get $i) (i32.const 1))))", k / 2)
+        };
+        wat.push_str(&format!(
+            r#"
+(func $f{k} (param $p i32) (param $n i32) (result i32) (local $i i32) (local $acc i32) (local $t i64)
+  (block $out
+    (loop $again
+      (br_if $out (i32.ge_u (local.get $i) (local.get $n)))
+      (local.set $t (i64.load (i32.and (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 3))) (i32.const 0xfff8))))
+      (if (i64.gt_s (local.get $t) (i64.const {k}))
+        (then (local.set $acc (i32.xor (local.get $acc) (i32.wrap_i64 (local.get $t)))))
+        (else (local.set $acc (i32.add (local.get $acc) (i32.const {k})))))
+      (i64.store (i32.and (i32.add (local.get $p) (i32.mul (local.get $i) (i32.const 8))) (i32.const 0xfff8))
+        (i64.add (local.get $t) (i64.extend_i32_u (local.get $acc))))
+      {callee}
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $again)))
+  (local.get $acc))"#
+        ));
+    }
+    wat.push_str("\n(func $dispatch (param $op i32) (result i32) (local $acc i32)");
+    for b in 0..large_blocks {
+        wat.push_str(&format!(
+            "\n  (if (i32.eq (local.get $op) (i32.const {b})) (then (local.set $acc (i32.add (i32.load (i32.const {a})) (i32.const {b}))) (i32.store (i32.const {a}) (local.get $acc))))",
+            a = (b % 1000) * 4
+        ));
+    }
+    wat.push_str("\n  (local.get $acc))\n)");
+    wat::parse_str(&wat).expect("the benign runtime-shaped module assembles")
+}

@@ -30,13 +30,27 @@ pub struct CompileArgs {
     /// Most locals one function may declare.
     #[arg(long, env = "SWEEP_MAX_LOCALS", default_value_t = crate::sandbox::DEFAULT_MAX_LOCALS)]
     pub max_locals: u32,
-    /// CPU seconds one compile may use (all its threads together).
+    /// CPU seconds any compile may use (all its threads together), before the allowance for
+    /// its code.
     #[arg(long, env = "SWEEP_COMPILE_CPU_SECS", default_value_t = crate::sandbox::DEFAULT_COMPILE_CPU.as_secs())]
     pub compile_cpu_secs: u64,
-    /// MiB of address space one compile may map.
+    /// CPU milliseconds added to a compile's budget per MiB of its code.
+    #[arg(long, env = "SWEEP_COMPILE_CPU_MS_PER_CODE_MIB", default_value_t = crate::sandbox::DEFAULT_COMPILE_CPU_PER_CODE_MIB.as_millis() as u64)]
+    pub compile_cpu_ms_per_code_mib: u64,
+    /// Most CPU seconds one compile may use, whatever its code.
+    #[arg(long, env = "SWEEP_MAX_COMPILE_CPU_SECS", default_value_t = crate::sandbox::DEFAULT_MAX_COMPILE_CPU.as_secs())]
+    pub max_compile_cpu_secs: u64,
+    /// MiB of address space any compile may map, before the allowance for its code.
     #[arg(long, env = "SWEEP_COMPILE_MEMORY_MB", default_value_t = crate::sandbox::DEFAULT_COMPILE_MEMORY_BYTES >> 20)]
     pub compile_memory_mb: u64,
-    /// Seconds after which a compile is killed, however little CPU it got.
+    /// MiB of address space added to a compile's budget per MiB of its code.
+    #[arg(long, env = "SWEEP_COMPILE_MEMORY_MB_PER_CODE_MIB", default_value_t = crate::sandbox::DEFAULT_COMPILE_MEMORY_PER_CODE_MIB >> 20)]
+    pub compile_memory_mb_per_code_mib: u64,
+    /// Most MiB of address space one compile may map, whatever its code.
+    #[arg(long, env = "SWEEP_MAX_COMPILE_MEMORY_MB", default_value_t = crate::sandbox::DEFAULT_MAX_COMPILE_MEMORY_BYTES >> 20)]
+    pub max_compile_memory_mb: u64,
+    /// Seconds after which a compile of the base CPU budget is killed, however little CPU it
+    /// got (it grows in proportion with a compile's CPU budget).
     #[arg(long, env = "SWEEP_COMPILE_WALL_SECS", default_value_t = crate::sandbox::DEFAULT_COMPILE_WALL.as_secs())]
     pub compile_wall_secs: u64,
     /// Compiles that run at once in this process (uploads and first runs together).
@@ -53,7 +67,11 @@ impl Default for CompileArgs {
             max_function_kib: d.max_function_bytes >> 10,
             max_locals: d.max_locals,
             compile_cpu_secs: d.cpu.as_secs(),
+            compile_cpu_ms_per_code_mib: d.cpu_per_code_mib.as_millis() as u64,
+            max_compile_cpu_secs: d.max_cpu.as_secs(),
             compile_memory_mb: d.memory_bytes >> 20,
+            compile_memory_mb_per_code_mib: d.memory_per_code_mib >> 20,
+            max_compile_memory_mb: d.max_memory_bytes >> 20,
             compile_wall_secs: d.wall.as_secs(),
             compile_concurrency: d.max_concurrent,
         }
@@ -68,7 +86,11 @@ impl CompileArgs {
             max_function_bytes: self.max_function_kib.saturating_mul(1 << 10),
             max_locals: self.max_locals,
             cpu: Duration::from_secs(self.compile_cpu_secs),
+            cpu_per_code_mib: Duration::from_millis(self.compile_cpu_ms_per_code_mib),
+            max_cpu: Duration::from_secs(self.max_compile_cpu_secs),
             memory_bytes: self.compile_memory_mb.saturating_mul(1 << 20),
+            memory_per_code_mib: self.compile_memory_mb_per_code_mib.saturating_mul(1 << 20),
+            max_memory_bytes: self.max_compile_memory_mb.saturating_mul(1 << 20),
             wall: Duration::from_secs(self.compile_wall_secs),
             max_concurrent: self.compile_concurrency,
         }

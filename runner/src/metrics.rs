@@ -59,6 +59,10 @@ pub const MODULE_COMPILES: &str = "sweep_module_compiles_total";
 pub const MODULE_COMPILE_CPU: &str = "sweep_module_compile_cpu_seconds";
 /// Gauge: peak resident bytes of the last compile in a child process.
 pub const MODULE_COMPILE_PEAK_RSS: &str = "sweep_module_compile_peak_rss_bytes";
+/// Counter: modules loaded from the fleet's artifact store instead of compiled.
+pub const MODULE_ARTIFACT_LOADS: &str = "sweep_module_artifact_loads_total";
+/// Counter: stored artifacts refused (hash, engine or wasmtime check) and compiled again.
+pub const MODULE_ARTIFACTS_REFUSED: &str = "sweep_module_artifacts_refused_total";
 
 /// Counter, label [`LABEL_TENANT`]: attempts that ran, per tenant (usage, for billing).
 pub const TENANT_ATTEMPTS: &str = "sweep_tenant_attempts_total";
@@ -170,6 +174,16 @@ fn describe() {
         "Module compiles started (uploads, first runs)."
     );
     describe_gauge!(MODULE_COMPILE_CPU, Unit::Seconds, "CPU time of the last child compile.");
+    describe_counter!(
+        MODULE_ARTIFACT_LOADS,
+        Unit::Count,
+        "Modules loaded from the fleet's artifact store instead of compiled."
+    );
+    describe_counter!(
+        MODULE_ARTIFACTS_REFUSED,
+        Unit::Count,
+        "Stored artifacts refused by their checks and compiled again."
+    );
     describe_counter!(TENANT_ATTEMPTS, Unit::Count, "Attempts that ran, by tenant.");
     describe_counter!(TENANT_WALL, Unit::Milliseconds, "Wall-clock time of attempts, by tenant.");
     describe_counter!(TENANT_FUEL, Unit::Count, "Fuel attempts used, by tenant.");

@@ -164,6 +164,10 @@ impl Worker {
         }
         let store = store.clone();
         let modules = ModuleCache::with_max_bytes(sandbox.clone(), config.module_cache_bytes);
+        // Compiled artifacts are shared through the database, read and written on this
+        // (the control) runtime.
+        let control = tokio::runtime::Handle::try_current().ok();
+        modules.share_artifacts(Arc::new(queue::PgArtifacts::new(store.clone(), control)));
         let guests = Guests::start_default()?;
         let capabilities =
             capabilities::CapabilityCache::new(config.secrets_key.clone(), config.capabilities_ttl);
@@ -252,6 +256,7 @@ impl Worker {
         let upkeep = tokio::spawn(maintenance::run(
             self.store.clone(),
             self.id,
+            self.sandbox.artifact_engine().to_owned(),
             Arc::clone(&self.config),
             Arc::clone(&reach),
             Arc::clone(&reported),

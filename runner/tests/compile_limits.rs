@@ -1,19 +1,26 @@
 //! Compiling is bounded: structural limits refuse a module before any compile, the compile
-//! runs in a child process (`sweep compile-module`) under a CPU and memory budget, and what
-//! an upload compiled is the runner's cached module (no second compile at the first run).
+//! runs in a child process (`sweep compile-module`) under a CPU and memory budget that grows
+//! with the module's code (a big benign module fits, the bombs do not), what an upload
+//! compiled is the runner's cached module (no second compile at the first run), and what any
+//! runner compiled the fleet loads from the artifact store (checked first; a tampered
+//! artifact is compiled again, not loaded).
 
 #![allow(clippy::unwrap_used)]
 
 mod admin_support;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use admin_support::*;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::admin::{AdminConfig, AdminState};
-use sweep::queue::{self, ModuleSettings};
-use sweep::sandbox::{sha256_hex, CompileLimits, CompilerKind, Sandbox, SandboxConfig};
+use sweep::queue::{self, ModuleSettings, PgArtifacts};
+use sweep::sandbox::{
+    sha256_hex, CompileLimits, CompilerKind, ModuleCache, Outcome, Sandbox, SandboxConfig,
+    TaskInput,
+};
 use sweep::worker::Worker;
 
 const OP: Option<&str> = Some(OPERATOR);
@@ -102,21 +109,25 @@ async fn a_compile_over_its_cpu_budget_is_422_and_the_api_keeps_serving(
     db: PgConnectOptions,
 ) {
     let db = migrated(db).await;
-    let limits = CompileLimits { cpu: Duration::from_secs(1), ..CompileLimits::default() };
+    let limits = CompileLimits {
+        cpu: Duration::from_secs(1),
+        cpu_per_code_mib: Duration::from_secs(2),
+        ..CompileLimits::default()
+    };
     let sandbox = sandbox_with(limits, child());
     let api = api_on(&db, sandbox.clone());
 
-    // The default structural limits admit it; compiling it takes several CPU seconds.
-    let bomb = sweep_dev::modules::compile_bomb(
-        sweep::sandbox::DEFAULT_MAX_FUNCTIONS,
-        sweep::sandbox::DEFAULT_MAX_CODE_BYTES,
-    );
-    assert_eq!(sweep::sandbox::check_structure(&bomb, &CompileLimits::default()), Ok(()));
+    // The default structural limits admit it (the limits of old: 20,000 functions, 768 KiB of
+    // code); compiling it takes several CPU seconds, more than 1 s plus its allowance.
+    let bomb = sweep_dev::modules::compile_bomb(20_000, 768 << 10);
+    let structure = sweep::sandbox::check_structure(&bomb, &CompileLimits::default()).unwrap();
+    let budget = limits.budget_for(structure.code_bytes);
+    assert_eq!(budget.cpu, Duration::from_secs(3), "1 s and 2 s per MiB, rounded up");
     let a = api.put_wasm("/v1/modules/bomb", OP, &bomb).await;
     a.expect(422, "module_limit_exceeded");
     assert_eq!(
         a.message(),
-        "compiling the module used more than its CPU time budget (compile_cpu) of 1 s"
+        "compiling the module used more than its CPU time budget (compile_cpu) of 3 s"
     );
     assert_eq!(stored_modules(&db).await, 0);
 
@@ -145,7 +156,10 @@ async fn a_compile_over_its_memory_budget_is_422(_: PgPoolOptions, db: PgConnect
     let bomb = sweep_dev::modules::compile_bomb(5, 1 << 20);
     let a = api.put_wasm("/v1/modules/bomb", OP, &bomb).await;
     a.expect(422, "module_limit_exceeded");
-    let budget = format!("memory budget (compile_memory) of {} MiB", MEMORY_BUDGET >> 20);
+    let code = sweep::sandbox::check_structure(&bomb, &limits).unwrap().code_bytes;
+    let memory = limits.budget_for(code).memory_bytes;
+    assert!(memory < 400 << 20, "the allowance for 1 MiB of code is 64 MiB");
+    let budget = format!("memory budget (compile_memory) of {} MiB", memory >> 20);
     assert!(a.message().contains(&budget), "{}", a.text);
     assert_eq!(stored_modules(&db).await, 1);
 }
@@ -228,10 +242,10 @@ async fn a_first_run_compiles_in_the_child_process(_: PgPoolOptions, db: PgConne
     running.stop().await;
 }
 
-/// `sweep-bench compile` from the test build (`--ignored`): the costliest module the default
-/// limits admit, uploaded to a `sweep run` process, with what it cost. Prints; asserts only
-/// that it ran. `SWEEP_BENCH_FUNCTIONS` sets the function count (default: the limit; a few
-/// large functions, e.g. 13, is the other costly shape).
+/// `sweep-bench compile` from the test build (`--ignored`): a hostile module about where the
+/// default budget stops admitting them, uploaded to a `sweep run` process, with what it cost.
+/// Prints; asserts only that it ran. `SWEEP_BENCH_FUNCTIONS` and `SWEEP_BENCH_CODE_KIB` set
+/// its shape (a few large functions, e.g. 13, is the other costly shape).
 #[tokio::test]
 #[ignore = "a measurement (tens of seconds of CPU); run with --ignored --nocapture"]
 async fn measure_the_costliest_admitted_module() {
@@ -242,9 +256,184 @@ async fn measure_the_costliest_admitted_module() {
         functions: std::env::var("SWEEP_BENCH_FUNCTIONS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(sweep::sandbox::DEFAULT_MAX_FUNCTIONS),
-        code_kib: sweep::sandbox::DEFAULT_MAX_CODE_BYTES >> 10,
+            .unwrap_or(sweep_dev::bench::compile::HOSTILE_FUNCTIONS),
+        code_kib: std::env::var("SWEEP_BENCH_CODE_KIB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(sweep_dev::bench::compile::HOSTILE_CODE_KIB),
         probe_ms: 10,
     };
     sweep_dev::bench::compile::compile(&url, &args).await.unwrap();
+}
+
+/// The structural limits of old, which admitted no language runtime.
+fn old_limits() -> CompileLimits {
+    CompileLimits {
+        max_functions: 20_000,
+        max_code_bytes: 768 << 10,
+        max_function_bytes: 64 << 10,
+        ..CompileLimits::default()
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_big_benign_module_is_admitted_by_the_default_budget(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let sandbox = sandbox_with(CompileLimits::default(), child());
+    let api = api_on(&db, sandbox.clone());
+    // Shaped like a language runtime: thousands of ordinary functions and one large
+    // dispatch function (CPython's is 417 KiB); over every limit of old.
+    let big = sweep_dev::modules::benign_runtime(7_000, 6_000);
+    let structure = sweep::sandbox::check_structure(&big, &CompileLimits::default()).unwrap();
+    assert!(structure.code_bytes > 768 << 10, "{structure:?}");
+    assert!(structure.largest_function_bytes > 64 << 10, "{structure:?}");
+    assert!(sweep::sandbox::check_structure(&big, &old_limits()).is_err());
+
+    let a = api.put_wasm("/v1/modules/runtime", OP, &big).await;
+    a.ok(201);
+    assert_eq!(a.json["kind"], "module", "{}", a.text);
+    assert_eq!((sandbox.compiles(), stored_modules(&db).await), (1, 1));
+}
+
+async fn artifact_rows(db: &Stores) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "select artifact_sha256, encode(sha256(artifact), 'hex') from sweep.compiled_artifacts",
+    )
+    .fetch_all(&db.pool())
+    .await
+    .unwrap()
+}
+
+/// A fresh runner's view: a new sandbox (child compiler) and an empty cache sharing the
+/// fleet's artifacts.
+fn fresh_runner(db: &Stores) -> (Sandbox, ModuleCache) {
+    let sandbox = sandbox_with(CompileLimits::default(), child());
+    let cache = ModuleCache::new(sandbox.clone());
+    assert!(cache.share_artifacts(Arc::new(PgArtifacts::new(db.runner.clone(), None))));
+    (sandbox, cache)
+}
+
+async fn registered(db: &Stores, sha256: &str) -> Result<Vec<u8>, String> {
+    queue::module_bytes(&db.pool(), sha256).await.unwrap().ok_or_else(|| "missing".to_owned())
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_module_compiles_once_per_fleet_and_a_tampered_artifact_is_compiled_again(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let uploader = sandbox_with(CompileLimits::default(), child());
+    let api = api_on(&db, uploader.clone());
+    let bytes = module("noop");
+    let sha = sha256_hex(&bytes);
+    api.put_wasm("/v1/modules/noop", OP, &bytes).await.ok(201);
+    assert_eq!(uploader.compiles(), 1);
+    let rows = artifact_rows(&db).await;
+    assert_eq!(rows.len(), 1, "the upload stored its artifact");
+    assert_eq!(rows[0].0, rows[0].1, "stored with its own sha256");
+
+    // Another runner (new sandbox, empty cache) loads it without compiling, and it runs.
+    let (other, cache) = fresh_runner(&db);
+    let loaded = cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
+    assert_eq!(other.compiles(), 0, "a runner compiled what the fleet had compiled");
+    assert_eq!(loaded.sha256(), sha);
+    let input = TaskInput::new("1", "noop", 1, 1, &serde_json::json!({}));
+    let run = other.run(&loaded, &input, &other.config().defaults).await;
+    assert!(matches!(run.outcome, Outcome::Success(_)), "{:?}", run.outcome);
+    // An upload of the same bytes elsewhere loads it too.
+    let second = sandbox_with(CompileLimits::default(), child());
+    let api2 = api_on(&db, second.clone());
+    api2.put_wasm("/v1/modules/again", OP, &bytes).await.ok(201);
+    assert_eq!(second.compiles(), 0);
+
+    // Bytes changed in the database (the recorded hash kept): refused before wasmtime sees
+    // them, discarded, compiled again, and the sound artifact stored in its place.
+    sqlx::query("update sweep.compiled_artifacts set artifact = overlay(artifact placing '\\xdeadbeef'::bytea from 200)")
+        .execute(&db.pool())
+        .await
+        .unwrap();
+    let tampered = artifact_rows(&db).await;
+    assert_ne!(tampered[0].0, tampered[0].1);
+    let (third, cache) = fresh_runner(&db);
+    cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
+    assert_eq!(third.compiles(), 1, "a tampered artifact was loaded");
+    let rows = artifact_rows(&db).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].0, rows[0].1, "the sound artifact took the tampered one's place");
+
+    // Bytes and hash rewritten together into something that is no artifact: wasmtime's own
+    // check refuses it, and the runner compiles.
+    sqlx::query(
+        "update sweep.compiled_artifacts set artifact = '\\x0061736d'::bytea,
+                artifact_sha256 = encode(sha256('\\x0061736d'::bytea), 'hex')",
+    )
+    .execute(&db.pool())
+    .await
+    .unwrap();
+    let (fourth, cache) = fresh_runner(&db);
+    cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
+    assert_eq!(fourth.compiles(), 1);
+
+    // An artifact of another engine is never matched: the key includes the fingerprint.
+    sqlx::query("update sweep.compiled_artifacts set engine = 'an-older-wasmtime'")
+        .execute(&db.pool())
+        .await
+        .unwrap();
+    let (fifth, cache) = fresh_runner(&db);
+    cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
+    assert_eq!(fifth.compiles(), 1);
+    assert_eq!(artifact_rows(&db).await.len(), 2, "both engines' artifacts, until pruned");
+    // Pruning keeps what this engine and the registered modules need.
+    let engine = fifth.artifact_engine().to_owned();
+    let pruned = queue::prune_artifacts(&db.pool(), &engine, Duration::ZERO).await.unwrap();
+    assert_eq!(pruned, 1);
+    let kept: String = sqlx::query_scalar("select engine from sweep.compiled_artifacts")
+        .fetch_one(&db.pool())
+        .await
+        .unwrap();
+    assert_eq!(kept, engine);
+}
+
+/// Compile and load-from-store times of a big module (`SWEEP_BIG_MODULE`: a path, e.g. a
+/// componentize-py component; default: [`sweep_dev::modules::benign_runtime`]). Prints;
+/// asserts only that both worked.
+#[sqlx::test(migrations = false)]
+#[ignore = "a measurement; run with --ignored --nocapture"]
+async fn measure_compile_against_load_from_the_store(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let bytes = match std::env::var("SWEEP_BIG_MODULE") {
+        Ok(path) => std::fs::read(&path).unwrap(),
+        Err(_) => sweep_dev::modules::benign_runtime(7_000, 6_000),
+    };
+    let sha = sha256_hex(&bytes);
+    let structure = sweep::sandbox::check_structure(&bytes, &CompileLimits::default()).unwrap();
+    queue::register_module(&db.pool(), "default", "big", &sha, &bytes, &ModuleSettings::default())
+        .await
+        .unwrap();
+    let (first, cache) = fresh_runner(&db);
+    let started = std::time::Instant::now();
+    cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
+    let compiled_in = started.elapsed();
+    assert_eq!(first.compiles(), 1);
+    let (second, cache) = fresh_runner(&db);
+    let started = std::time::Instant::now();
+    let loaded = cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
+    let loaded_in = started.elapsed();
+    assert_eq!(second.compiles(), 0);
+    let artifact: i64 =
+        sqlx::query_scalar("select length(artifact)::int8 from sweep.compiled_artifacts")
+            .fetch_one(&db.pool())
+            .await
+            .unwrap();
+    println!(
+        "module {} bytes, {structure:?}, budget {:?}; artifact {artifact} bytes, image {} bytes; \
+         compile (child, then stored) {compiled_in:?}; load from the store {loaded_in:?}",
+        bytes.len(),
+        CompileLimits::default().budget_for(structure.code_bytes),
+        loaded.image_bytes(),
+    );
 }

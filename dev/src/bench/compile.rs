@@ -1,4 +1,5 @@
-//! `sweep-bench compile`: the costliest module the default structural limits admit, uploaded
+//! `sweep-bench compile`: a costly module (by default a hostile shape of about the size the
+//! default compile budget stops admitting; any shape with `--functions`/`--code-kib`), uploaded
 //! to a real `sweep run` (a process of its own, so its memory is its own), and what that
 //! costs: the compile's CPU time and peak RSS (the compiler child's own report, read from
 //! `/metrics`), the runner's RSS before and after, the upload's wall time, and the latency
@@ -20,16 +21,23 @@ use super::fresh_database;
 /// The operator token the bench's runner is started with.
 const OPERATOR: &str = "bench-operator-token-0123456789";
 
+/// The default module's functions.
+pub const HOSTILE_FUNCTIONS: u32 = 20_000;
+/// The default module's KiB of code.
+pub const HOSTILE_CODE_KIB: u64 = 1024;
+
 #[derive(Debug, clap::Args)]
 pub struct CompileArgs {
     /// The `sweep` binary to run (default: next to this one).
     #[arg(long)]
     pub sweep: Option<PathBuf>,
-    /// Functions in the module (default: the runner's default limit).
-    #[arg(long, default_value_t = sweep::sandbox::DEFAULT_MAX_FUNCTIONS)]
+    /// Functions in the module (default: the many-small-functions shape; a few large
+    /// functions, e.g. 13, is the other costly shape).
+    #[arg(long, default_value_t = HOSTILE_FUNCTIONS)]
     pub functions: u32,
-    /// KiB of code in the module (default: the runner's default limit).
-    #[arg(long, default_value_t = sweep::sandbox::DEFAULT_MAX_CODE_BYTES >> 10)]
+    /// KiB of code in the module (default: about where the default budget stops admitting
+    /// the costly shapes: their CPU grows ~4x faster per MiB than the budget does).
+    #[arg(long, default_value_t = HOSTILE_CODE_KIB)]
     pub code_kib: u64,
     /// Pause between two `/healthz` probes while the compile runs, in milliseconds.
     #[arg(long, default_value_t = 10)]
@@ -70,7 +78,10 @@ pub async fn compile(url: &str, args: &CompileArgs) -> anyhow::Result<()> {
         args.code_kib,
         bomb.len() >> 10,
         match &admitted {
-            Ok(()) => "admitted".to_owned(),
+            Ok(s) => format!(
+                "admitted (CPU budget {:?})",
+                CompileLimits::default().budget_for(s.code_bytes).cpu
+            ),
             Err(e) => format!("refused ({e})"),
         }
     );

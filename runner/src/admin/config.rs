@@ -10,8 +10,10 @@ use crate::secrets::SecretsKey;
 
 /// Where `sweep admin` and `sweep run` serve the API unless told otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7070";
-/// Largest module upload, before any tenant cap.
-pub const DEFAULT_MAX_MODULE_BYTES: usize = 16 * 1024 * 1024;
+/// Largest module upload, before any tenant cap (`max_module_bytes`, which may lower it):
+/// room for a handler with a language runtime inside (a componentize-py component is about
+/// 18.5 MB, a componentize-js one about 10 MB) and the libraries it brings.
+pub const DEFAULT_MAX_MODULE_BYTES: usize = 64 * 1024 * 1024;
 /// Largest JSON request body (a batch of tasks included).
 pub const DEFAULT_MAX_JSON_BYTES: usize = 8 * 1024 * 1024;
 /// Largest task payload (compact JSON) a tenant without a limit of its own may enqueue.

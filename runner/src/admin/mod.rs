@@ -67,7 +67,7 @@ pub use openapi::{document, document_json};
 pub use params::{EffectiveLimits, MAX_BACKOFF_MS};
 
 use crate::queue::{Role, Store};
-use crate::sandbox::{ModuleCache, Sandbox};
+use crate::sandbox::{ArtifactStore, ModuleCache, Sandbox};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -103,6 +103,9 @@ struct Inner {
     /// The runner's module cache, when the API is served next to a runner: an upload's
     /// compiled module goes there, so its first task does not compile it again.
     modules: Option<ModuleCache>,
+    /// The fleet's compiled artifacts: an upload loads a module's from there when another
+    /// runner compiled it, and stores what it compiled.
+    artifacts: Arc<dyn ArtifactStore>,
     /// Task ends, for `GET /v1/tasks/{id}?wait=` (one LISTEN, started at the first wait).
     ends: wait::Ends,
 }
@@ -160,6 +163,8 @@ impl AdminState {
         };
         let operator_token_hash = config.operator_token.as_deref().map(auth::hash_token);
         let validation_slots = Arc::new(Semaphore::new(config.max_concurrent_validations));
+        let artifacts: Arc<dyn ArtifactStore> =
+            Arc::new(crate::queue::PgArtifacts::new(store.clone(), None));
         Ok(AdminState {
             inner: Arc::new(Inner {
                 store,
@@ -169,6 +174,7 @@ impl AdminState {
                 metrics,
                 validation_slots,
                 compile_turns: Arc::default(),
+                artifacts,
                 modules,
                 ends: wait::Ends::default(),
             }),
@@ -211,6 +217,11 @@ impl AdminState {
     /// The runner's module cache, when served next to a runner.
     pub fn modules(&self) -> Option<&ModuleCache> {
         self.inner.modules.as_ref()
+    }
+
+    /// The fleet's compiled artifacts.
+    pub(crate) fn artifacts(&self) -> &Arc<dyn ArtifactStore> {
+        &self.inner.artifacts
     }
 }
 

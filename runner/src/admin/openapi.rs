@@ -257,7 +257,7 @@ pub struct NotFound(ErrorResponse);
 #[allow(dead_code)] // describes answers; never built
 pub struct Conflict(ErrorResponse);
 
-/// 413: the body is over the limit (module: 16 MiB or the tenant's cap; JSON: 8 MiB)
+/// 413: the body is over the limit (module: 64 MiB or the tenant's cap; JSON: 8 MiB)
 /// (`too_large`), or a task's payload is over the tenant's payload limit (1 MiB unless set)
 /// (`payload_too_large`).
 #[derive(ToResponse)]

@@ -117,6 +117,7 @@ mod vocab;
 #[macro_use]
 mod usage;
 
+mod artifacts;
 mod batch;
 mod claim;
 mod complete;
@@ -149,6 +150,7 @@ mod types;
 mod views;
 mod workflows;
 
+pub use artifacts::{discard_artifact, load_artifact, prune_artifacts, save_artifact, PgArtifacts};
 pub use batch::{CheckedTasks, MAX_BATCH};
 pub use claim::{
     cancel_requests, claim, claim_batch, claim_from, heartbeat_leases, next_due_in, release_batch,
@@ -237,6 +239,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 #[cfg(test)]
 pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)> {
     [
+        artifacts::STATEMENTS,
         claim::STATEMENTS,
         complete::STATEMENTS,
         copy::STATEMENTS,

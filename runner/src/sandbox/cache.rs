@@ -9,6 +9,10 @@
 //!   share its result, error included; a failed load/compile leaves no entry behind, so a
 //!   later call tries again;
 //! - compilation runs on tokio's blocking pool, never on an async worker thread;
+//! - with an artifact store ([`ModuleCache::share_artifacts`]), a miss first asks the store
+//!   for the module's artifact (no module bytes read, no compile when it has a sound one),
+//!   and a compile's artifact is offered to it before the entry is published (see
+//!   `artifacts`);
 //! - the entries' summed weight stays within the bound given at construction: past it, the
 //!   least likely to be used again are evicted (moka's TinyLFU admission and LRU eviction).
 //!   Eviction is applied by moka's housekeeping, which runs as the cache is used, so the
@@ -19,10 +23,11 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use moka::future::Cache;
 
+use super::artifacts::{load_shared, save_shared, ArtifactStore};
 use super::module::{sha256_hex, CompiledModule};
 use super::{BoxError, Sandbox, SandboxError};
 
@@ -35,6 +40,8 @@ pub struct ModuleCache {
     sandbox: Sandbox,
     entries: Cache<String, Arc<CompiledModule>>,
     max_bytes: u64,
+    /// Where compiled artifacts are shared with other runners, once set.
+    artifacts: Arc<OnceLock<Arc<dyn ArtifactStore>>>,
 }
 
 impl fmt::Debug for ModuleCache {
@@ -63,7 +70,19 @@ impl ModuleCache {
                 u32::try_from(m.resident_bytes()).unwrap_or(u32::MAX)
             })
             .build();
-        ModuleCache { sandbox, entries, max_bytes }
+        ModuleCache { sandbox, entries, max_bytes, artifacts: Arc::default() }
+    }
+
+    /// Shares compiled artifacts through `store` from now on, for this cache and its clones:
+    /// a miss loads the module's artifact from it when it has a sound one, and a compile
+    /// offers it the new artifact. Set once; false (and `store` unused) when already set.
+    pub fn share_artifacts(&self, store: Arc<dyn ArtifactStore>) -> bool {
+        self.artifacts.set(store).is_ok()
+    }
+
+    /// The artifact store, when one was set.
+    pub fn artifact_store(&self) -> Option<&Arc<dyn ArtifactStore>> {
+        self.artifacts.get()
     }
 
     /// The bound on the entries' summed weight, in bytes.
@@ -81,9 +100,10 @@ impl ModuleCache {
         self.entries.contains_key(sha256)
     }
 
-    /// The compiled module for `sha256`; on a miss, awaits `load` for the bytes, checks their
-    /// hash, and compiles them on the blocking pool. Callers that miss at the same time share
-    /// one load and compile, and its error.
+    /// The compiled module for `sha256`; on a miss, loads it from the artifact store if that
+    /// has it, else awaits `load` for the bytes, checks their hash, and compiles them on the
+    /// blocking pool. Callers that miss at the same time share one load and compile, and its
+    /// error.
     pub async fn get_or_compile<F, Fut, E>(
         &self,
         sha256: &str,
@@ -96,6 +116,11 @@ impl ModuleCache {
     {
         self.entries
             .try_get_with_by_ref(sha256, async {
+                if let Some(store) = self.artifacts.get() {
+                    if let Some(stored) = load_shared(&self.sandbox, store.as_ref(), sha256).await {
+                        return Ok(Arc::new(stored));
+                    }
+                }
                 let bytes = load().await.map_err(|e| SandboxError::Load {
                     sha256: sha256.to_owned(),
                     source: e.into(),
@@ -127,9 +152,13 @@ impl ModuleCache {
             return Err(SandboxError::HashMismatch { expected: expected.to_owned(), actual });
         }
         let sandbox = self.sandbox.clone();
-        let compiled = tokio::task::spawn_blocking(move || sandbox.compile(&bytes))
-            .await
-            .map_err(SandboxError::CompileTask)??;
+        let (compiled, artifact) =
+            tokio::task::spawn_blocking(move || sandbox.compile_sharing(&bytes, None))
+                .await
+                .map_err(SandboxError::CompileTask)??;
+        if let (Some(store), Some(artifact)) = (self.artifacts.get(), artifact) {
+            save_shared(store.as_ref(), artifact).await;
+        }
         Ok(Arc::new(compiled))
     }
 

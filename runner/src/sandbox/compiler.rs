@@ -26,8 +26,9 @@
 //!   whichever path asked (upload or first run); the structural check runs before a slot is
 //!   taken, so refusing a bomb costs one parser pass;
 //! - a child is always waited for (no zombies) and killed when it outlives the wall bound;
-//! - only bytes our own child wrote are deserialized, and wasmtime checks their header
-//!   against the engine before using them.
+//! - only bytes our own child wrote are deserialized (straight from its stdout, or from the
+//!   fleet's artifact store after their SHA-256 was checked, see `artifacts`), and wasmtime
+//!   checks their header against the engine before using them.
 
 use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -40,7 +41,7 @@ use std::time::Duration;
 use wasmtime::component::Component;
 use wasmtime::{Engine, Module};
 
-use super::limits::{check_structure, CompileLimits, LimitExceeded};
+use super::limits::{check_structure, CompileBudget, CompileLimits, LimitExceeded};
 use super::module::ValidationError;
 
 /// How much lower a compiler's priority is than the process's (Linux nice increments).
@@ -142,13 +143,15 @@ impl Compiler {
 
     /// Checks `bytes` against the structural limits, then compiles them on the configured
     /// path, as a component when the binary is one, else as a module. Blocks (a slot, then
-    /// the compile): call it from a blocking context.
+    /// the compile): call it from a blocking context. With the compiled form comes the
+    /// artifact the child wrote (none in process), for the fleet's artifact store.
     pub(crate) fn compile(
         &self,
         engine: &Engine,
         bytes: &[u8],
-    ) -> Result<Compiled, ValidationError> {
-        check_structure(bytes, &self.limits)?;
+    ) -> Result<(Compiled, Option<Vec<u8>>), ValidationError> {
+        let structure = check_structure(bytes, &self.limits)?;
+        let budget = self.limits.budget_for(structure.code_bytes);
         let _slot = self.slot();
         self.compiles.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(crate::metrics::MODULE_COMPILES).increment(1);
@@ -156,104 +159,110 @@ impl Compiler {
         let invalid = |e: wasmtime::Error| ValidationError::Compile(e.into_boxed_dyn_error());
         match &self.kind {
             CompilerKind::InProcess if component => {
-                Component::from_binary(engine, bytes).map(Compiled::Component).map_err(invalid)
+                let compiled = Component::from_binary(engine, bytes).map_err(invalid)?;
+                Ok((Compiled::Component(compiled), None))
             }
             CompilerKind::InProcess => {
-                Module::from_binary(engine, bytes).map(Compiled::Module).map_err(invalid)
+                Ok((Compiled::Module(Module::from_binary(engine, bytes).map_err(invalid)?), None))
             }
             CompilerKind::Child { program } => {
-                let artifact = self.run_child(program, bytes)?;
-                load_artifact(engine, &artifact, component)
+                let artifact = run_child(program, bytes, budget)?;
+                let compiled = load_artifact(engine, &artifact, component)
+                    .map_err(|e| failed(format!("loading the compiled module: {e}")))?;
+                Ok((compiled, Some(artifact)))
             }
         }
     }
+}
 
-    fn run_child(&self, program: &PathBuf, bytes: &[u8]) -> Result<Vec<u8>, ValidationError> {
-        let limits = &self.limits;
-        let mut child = Command::new(program)
-            .arg(COMPILE_SUBCOMMAND)
-            .arg("--cpu-secs")
-            .arg(limits.cpu.as_secs().to_string())
-            .arg("--memory-bytes")
-            .arg(limits.memory_bytes.to_string())
-            // The system allocator, with few arenas: mimalloc's up-front reservations do not
-            // fit RLIMIT_AS (see crate::alloc), and each glibc arena reserves address space,
-            // which RLIMIT_AS counts.
-            .env(crate::alloc::ALLOCATOR_ENV, crate::alloc::SYSTEM)
-            .env("MALLOC_ARENA_MAX", "2")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| failed(format!("cannot start {}: {e}", program.display())))?;
-        let (Some(mut stdin), Some(mut stdout), Some(stderr)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(failed("the compiler's pipes were not set up".to_owned()));
-        };
-        let wall = limits.wall;
-        let (out, status, err) = std::thread::scope(|s| {
-            // A child that exits early (bad limits) closes its stdin: the write then fails,
-            // and its exit status says why.
-            s.spawn(move || {
-                let _ = stdin.write_all(bytes);
-            });
-            let err_reader = s.spawn(move || {
-                let mut text = String::new();
-                let _ = stderr.take(STDERR_KEEP).read_to_string(&mut text);
-                text
-            });
-            let (done, finished) = mpsc::channel();
-            s.spawn(move || {
-                let mut artifact = Vec::new();
-                let read = stdout.read_to_end(&mut artifact).map(|_| artifact);
-                let _ = done.send(read);
-            });
-            // Stdout closes when the child exits (it writes the artifact last).
-            let out = match finished.recv_timeout(wall) {
-                Ok(read) => Some(read),
-                Err(_) => {
-                    let _ = child.kill();
-                    None
-                }
-            };
-            let status = child.wait();
-            (out, status, err_reader.join().unwrap_or_default())
+/// Compiles `bytes` in a child process under `budget`; see the module's protocol.
+fn run_child(
+    program: &PathBuf,
+    bytes: &[u8],
+    budget: CompileBudget,
+) -> Result<Vec<u8>, ValidationError> {
+    let mut child = Command::new(program)
+        .arg(COMPILE_SUBCOMMAND)
+        .arg("--cpu-secs")
+        .arg(budget.cpu.as_secs().to_string())
+        .arg("--memory-bytes")
+        .arg(budget.memory_bytes.to_string())
+        // The system allocator, with few arenas: mimalloc's up-front reservations do not
+        // fit RLIMIT_AS (see crate::alloc), and each glibc arena reserves address space,
+        // which RLIMIT_AS counts.
+        .env(crate::alloc::ALLOCATOR_ENV, crate::alloc::SYSTEM)
+        .env("MALLOC_ARENA_MAX", "2")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| failed(format!("cannot start {}: {e}", program.display())))?;
+    let (Some(mut stdin), Some(mut stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(failed("the compiler's pipes were not set up".to_owned()));
+    };
+    let wall = budget.wall;
+    let (out, status, err) = std::thread::scope(|s| {
+        // A child that exits early (bad limits) closes its stdin: the write then fails,
+        // and its exit status says why.
+        s.spawn(move || {
+            let _ = stdin.write_all(bytes);
         });
-        let status = status.map_err(|e| failed(format!("waiting for the compiler: {e}")))?;
-        let Some(out) = out else {
-            return Err(LimitExceeded::CompileWall { limit: wall }.into());
+        let err_reader = s.spawn(move || {
+            let mut text = String::new();
+            let _ = stderr.take(STDERR_KEEP).read_to_string(&mut text);
+            text
+        });
+        let (done, finished) = mpsc::channel();
+        s.spawn(move || {
+            let mut artifact = Vec::new();
+            let read = stdout.read_to_end(&mut artifact).map(|_| artifact);
+            let _ = done.send(read);
+        });
+        // Stdout closes when the child exits (it writes the artifact last).
+        let out = match finished.recv_timeout(wall) {
+            Ok(read) => Some(read),
+            Err(_) => {
+                let _ = child.kill();
+                None
+            }
         };
-        let (message, stats) = split_stats(&err);
-        if let Some(stats) = stats {
-            metrics::gauge!(crate::metrics::MODULE_COMPILE_CPU).set(stats.cpu.as_secs_f64());
-            metrics::gauge!(crate::metrics::MODULE_COMPILE_PEAK_RSS)
-                .set(stats.peak_rss_bytes as f64);
-            tracing::info!(
-                cpu_ms = stats.cpu.as_millis() as u64,
-                peak_rss_kib = stats.peak_rss_bytes >> 10,
-                success = status.success(),
-                "module compiled in a child process"
-            );
+        let status = child.wait();
+        (out, status, err_reader.join().unwrap_or_default())
+    });
+    let status = status.map_err(|e| failed(format!("waiting for the compiler: {e}")))?;
+    let Some(out) = out else {
+        return Err(LimitExceeded::CompileWall { limit: wall }.into());
+    };
+    let (message, stats) = split_stats(&err);
+    if let Some(stats) = stats {
+        metrics::gauge!(crate::metrics::MODULE_COMPILE_CPU).set(stats.cpu.as_secs_f64());
+        metrics::gauge!(crate::metrics::MODULE_COMPILE_PEAK_RSS).set(stats.peak_rss_bytes as f64);
+        tracing::info!(
+            cpu_ms = stats.cpu.as_millis() as u64,
+            peak_rss_kib = stats.peak_rss_bytes >> 10,
+            success = status.success(),
+            "module compiled in a child process"
+        );
+    }
+    match (status.code(), status.signal()) {
+        (Some(0), _) => out.map_err(|e| failed(format!("reading the compiled module: {e}"))),
+        (Some(EXIT_INVALID), _) => Err(ValidationError::Compile(message.into())),
+        (Some(EXIT_RESOURCES), _) => {
+            tracing::info!(error = %message, "compile failed within its budget");
+            Err(LimitExceeded::CompileMemory { limit: budget.memory_bytes }.into())
         }
-        match (status.code(), status.signal()) {
-            (Some(0), _) => out.map_err(|e| failed(format!("reading the compiled module: {e}"))),
-            (Some(EXIT_INVALID), _) => Err(ValidationError::Compile(message.into())),
-            (Some(EXIT_RESOURCES), _) => {
-                tracing::info!(error = %message, "compile failed within its budget");
-                Err(LimitExceeded::CompileMemory { limit: limits.memory_bytes }.into())
-            }
-            (_, Some(signal)) if signal == libc_sig::XCPU || signal == libc_sig::KILL => {
-                Err(LimitExceeded::CompileTime { limit: limits.cpu }.into())
-            }
-            // Rust aborts when an allocation fails (RLIMIT_AS reached in malloc).
-            (_, Some(libc_sig::ABRT)) if message.contains("memory allocation") => {
-                Err(LimitExceeded::CompileMemory { limit: limits.memory_bytes }.into())
-            }
-            _ => Err(failed(format!("the compiler ended with {status}: {message}"))),
+        (_, Some(signal)) if signal == libc_sig::XCPU || signal == libc_sig::KILL => {
+            Err(LimitExceeded::CompileTime { limit: budget.cpu }.into())
         }
+        // Rust aborts when an allocation fails (RLIMIT_AS reached in malloc).
+        (_, Some(libc_sig::ABRT)) if message.contains("memory allocation") => {
+            Err(LimitExceeded::CompileMemory { limit: budget.memory_bytes }.into())
+        }
+        _ => Err(failed(format!("the compiler ended with {status}: {message}"))),
     }
 }
 
@@ -297,28 +306,43 @@ fn parse_stats(rest: &str) -> Option<CompileStats> {
     })
 }
 
-/// Loads an artifact our child wrote: a component's when `component`, else a module's.
+/// Loads an artifact a compile child of ours wrote: a component's when `component`, else a
+/// module's. The two callers, and so the two ways such bytes reach it, are named in the
+/// safety argument.
 #[allow(unsafe_code)]
-fn load_artifact(
+pub(crate) fn load_artifact(
     engine: &Engine,
     artifact: &[u8],
     component: bool,
-) -> Result<Compiled, ValidationError> {
+) -> Result<Compiled, wasmtime::Error> {
     // SAFETY: `Module::deserialize` and `Component::deserialize` need bytes made by their
     // `serialize` or by `Engine::precompile_module` / `precompile_component` and not tampered
-    // with. These are the stdout of our own child (a `sweep` binary, normally this very
-    // executable), which compiled the bytes with this engine's settings
-    // (`engine::base_config`), as a component exactly when `component` (both sides ask
-    // `wasmparser::Parser::is_component` of the same bytes), and wrote the artifact
-    // unmodified over a pipe nothing else writes to. wasmtime also checks the artifact's
-    // header (its kind, version, target, compiler flags and wasm features) against `engine`
-    // and returns an error, not undefined behaviour, for one built differently.
-    let loaded = if component {
+    // with. Every artifact here is the stdout of a compile child of ours (a `sweep` binary,
+    // normally this very executable, `compile_module_main`), which compiled the module with
+    // the runner's engine settings (`engine::base_config`), as a component exactly when
+    // `component`. It reaches this function one of two ways:
+    // - `Compiler::compile`: straight from the child's stdout, a pipe nothing else writes to;
+    //   the kind is read from the same module bytes by both sides
+    //   (`wasmparser::Parser::is_component`);
+    // - `Sandbox::load_artifact` (`artifacts`): from the fleet's artifact store
+    //   (`sweep.compiled_artifacts`), where only `queue::save_artifact` writes, with the
+    //   artifacts `Sandbox::compile_sharing` took from `Compiler::compile`, so the stdout of
+    //   such a child. It is loaded only when the SHA-256 of
+    //   the bytes read back equals the `artifact_sha256` stored with them when they were
+    //   written, its kind is the stored kind (written with it), and its engine fingerprint is
+    //   this runner's child's. The store is trusted as the runners' own database is: the
+    //   check catches bytes changed or cut short in the database, in a backup or on the way
+    //   back; whoever can rewrite a row *and* its hash can run native code on the runners, so
+    //   the schema's write access must stay with the runners and the admin API (see
+    //   docs/architecture.md, "Compile once per fleet").
+    // wasmtime also checks the artifact's header (its kind, version, target, compiler flags
+    // and wasm features) against `engine` and returns an error, not undefined behaviour, for
+    // one built differently.
+    if component {
         unsafe { Component::deserialize(engine, artifact) }.map(Compiled::Component)
     } else {
         unsafe { Module::deserialize(engine, artifact) }.map(Compiled::Module)
-    };
-    loaded.map_err(|e| failed(format!("loading the compiled module: {e:#}")))
+    }
 }
 
 /// The child's side: `sweep compile-module --cpu-secs N --memory-bytes M`. Sets its own

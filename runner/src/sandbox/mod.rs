@@ -16,7 +16,8 @@
 //!   `Sandbox`, modules are kept as `InstancePre`, components as `CommandPre`, each run gets
 //!   a fresh `Store`.
 //!
-//! Files: `capabilities` (what a run is given beyond computing: egress, HTTP limits,
+//! Files: `artifacts` (compile once per fleet: the store of compiled artifacts, the engine
+//! fingerprint, loading a stored artifact), `capabilities` (what a run is given beyond computing: egress, HTTP limits,
 //! secrets as environment; what it used), `config` (settings, limits), `engine` (engine + ticker), `limits` (structural
 //! limits, compile budget), `compiler` (where compiles run: child process or in process),
 //! `module` (validation, compiled form), `cache` (sha256 -> compiled, bounded by bytes),
@@ -24,6 +25,7 @@
 //! (what a component sees), `http` (outbound HTTP: egress checks, limits, accounting),
 //! `pipes` (bounded stdio), `outcome` (classification).
 
+mod artifacts;
 mod cache;
 mod capabilities;
 mod compiler;
@@ -48,6 +50,7 @@ use std::sync::Arc;
 
 use wasmtime::{Engine, Linker};
 
+pub use artifacts::{load_shared, save_shared, Artifact, ArtifactRefused, ArtifactStore};
 pub use cache::{ModuleCache, DEFAULT_MODULE_CACHE_BYTES};
 pub use capabilities::{
     is_public, Capabilities, EgressError, EgressPolicy, HttpLimits, Usage, DEFAULT_HTTP_REQUESTS,
@@ -65,10 +68,11 @@ pub use config::{
 };
 pub use engine::AllocatorKind;
 pub use limits::{
-    check_structure, CompileLimits, LimitExceeded, DEFAULT_COMPILE_CPU,
-    DEFAULT_COMPILE_MEMORY_BYTES, DEFAULT_COMPILE_WALL, DEFAULT_MAX_CODE_BYTES,
-    DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_FUNCTIONS, DEFAULT_MAX_FUNCTION_BYTES,
-    DEFAULT_MAX_LOCALS,
+    check_structure, CompileBudget, CompileLimits, LimitExceeded, Structure, DEFAULT_COMPILE_CPU,
+    DEFAULT_COMPILE_CPU_PER_CODE_MIB, DEFAULT_COMPILE_MEMORY_BYTES,
+    DEFAULT_COMPILE_MEMORY_PER_CODE_MIB, DEFAULT_COMPILE_WALL, DEFAULT_MAX_CODE_BYTES,
+    DEFAULT_MAX_COMPILE_CPU, DEFAULT_MAX_COMPILE_MEMORY_BYTES, DEFAULT_MAX_CONCURRENT_COMPILES,
+    DEFAULT_MAX_FUNCTIONS, DEFAULT_MAX_FUNCTION_BYTES, DEFAULT_MAX_LOCALS,
 };
 pub use module::{
     sha256_hex, CompiledModule, HandlerKind, ModuleInfo, ValidationError, ENTRY_OVERHEAD_BYTES,
@@ -141,6 +145,8 @@ struct Inner {
     allocator: AllocatorKind,
     compiler: Compiler,
     config: SandboxConfig,
+    /// The fingerprint of the compile child's engine settings (see `artifacts`).
+    artifact_engine: String,
 }
 
 impl fmt::Debug for Sandbox {
@@ -168,7 +174,20 @@ impl Sandbox {
         let _ticker = engine::spawn_epoch_ticker(&engine, config.epoch_tick)?;
         tracing::info!(%allocator, max_concurrency = config.max_concurrency, "sandbox ready");
         let compiler = Compiler::new(config.compiler.clone(), config.compile);
-        let inner = Inner { engine, linker, component_linker, allocator, compiler, config };
+        // The child's engine, not this one: its settings are what made the artifacts (this
+        // engine may add pooling, which artifacts do not depend on).
+        let child_engine = Engine::new(&engine::base_config())
+            .map_err(|e| SandboxError::Engine(e.into_boxed_dyn_error()))?;
+        let artifact_engine = artifacts::engine_fingerprint(&child_engine);
+        let inner = Inner {
+            engine,
+            linker,
+            component_linker,
+            allocator,
+            compiler,
+            config,
+            artifact_engine,
+        };
         Ok(Sandbox { inner: Arc::new(inner) })
     }
 
@@ -232,6 +251,13 @@ impl Sandbox {
     }
 
     fn prepare(&self, bytes: &[u8]) -> Result<CompiledModule, ValidationError> {
+        self.prepare_with_artifact(bytes).map(|(compiled, _artifact)| compiled)
+    }
+
+    fn prepare_with_artifact(
+        &self,
+        bytes: &[u8],
+    ) -> Result<(CompiledModule, Option<Vec<u8>>), ValidationError> {
         let inner = &self.inner;
         module::prepare(&inner.linker, &inner.component_linker, &inner.compiler, bytes)
     }

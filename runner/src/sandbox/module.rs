@@ -303,29 +303,43 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Validates `bytes` against the guest contract and compiles it with `compiler` (structural
 /// limits first). CPU-heavy or blocking (a full compile): call it from a blocking context.
+/// With the handler comes the artifact the compile child wrote, if it ran in one.
 pub(crate) fn prepare(
     linker: &Linker<StoreState>,
     component_linker: &component::Linker<ComponentState>,
     compiler: &Compiler,
     bytes: &[u8],
+) -> Result<(CompiledModule, Option<Vec<u8>>), ValidationError> {
+    HandlerKind::of(bytes).ok_or(ValidationError::NotWasm)??;
+    let (compiled, artifact) = compiler.compile(linker.engine(), bytes)?;
+    let module = link(linker, component_linker, compiled, sha256_hex(bytes), bytes.len())?;
+    Ok((module, artifact))
+}
+
+/// Checks a compiled handler against the guest contract and links it: the module built from
+/// `size_bytes` bytes whose hex SHA-256 is `sha256`.
+pub(crate) fn link(
+    linker: &Linker<StoreState>,
+    component_linker: &component::Linker<ComponentState>,
+    compiled: Compiled,
+    sha256: String,
+    size_bytes: usize,
 ) -> Result<CompiledModule, ValidationError> {
-    let kind = HandlerKind::of(bytes).ok_or(ValidationError::NotWasm)??;
-    let engine = linker.engine();
-    let (handler, wasi_imports, image) = match compiler.compile(engine, bytes)? {
+    let (kind, handler, wasi_imports, image) = match compiled {
         Compiled::Module(module) => {
             let (handler, imports) = link_module(linker, &module)?;
-            (handler, imports, module.image_range())
+            (HandlerKind::Module, handler, imports, module.image_range())
         }
         Compiled::Component(component) => {
             let (handler, imports) = link_component(component_linker, &component)?;
-            (handler, imports, component.image_range())
+            (HandlerKind::Component, handler, imports, component.image_range())
         }
     };
     let image_bytes = (image.end as usize).saturating_sub(image.start as usize);
     Ok(CompiledModule {
         handler,
         image_bytes,
-        info: ModuleInfo { sha256: sha256_hex(bytes), size_bytes: bytes.len(), kind, wasi_imports },
+        info: ModuleInfo { sha256, size_bytes, kind, wasi_imports },
     })
 }
 

@@ -31,6 +31,9 @@ use crate::{
 /// How long the charts' per-minute counters are kept: the longest range they show (7 days)
 /// and a day more.
 const MINUTES_KEPT: Duration = Duration::from_secs(8 * 24 * 3600);
+/// How long compiled artifacts of another engine than this runner's are kept: past a rolling
+/// upgrade (runners of the old engine still load them meanwhile), then deleted.
+const OTHER_ENGINE_ARTIFACTS_KEPT: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Most expired leases rescued per statement.
 const REAP_BATCH: usize = 1000;
 /// How soon a heartbeat that failed is tried again.
@@ -74,9 +77,11 @@ pub(super) async fn heartbeat(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn run(
     store: Store,
     runner: Uuid,
+    artifact_engine: String,
     config: Arc<WorkerConfig>,
     reach: Arc<Reachability>,
     reported: Arc<AtomicU64>,
@@ -148,6 +153,12 @@ pub(super) async fn run(
         }
         if let Err(e) = queue::prune_minutes(&store, MINUTES_KEPT, m.retention_batch).await {
             tracing::warn!(error = %e, "pruning the charts' old minutes failed");
+        }
+        let kept = OTHER_ENGINE_ARTIFACTS_KEPT;
+        match queue::prune_artifacts(&store, &artifact_engine, kept).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(artifacts = n, "pruned compiled artifacts nothing needs"),
+            Err(e) => tracing::warn!(error = %e, "pruning compiled artifacts failed"),
         }
     });
     let counts = every(m.minutes_interval, stop.clone(), || async {

@@ -26,7 +26,10 @@ use crate::admin::params::{
 };
 use crate::admin::AdminState;
 use crate::queue::{self, ModuleVersion};
-use crate::sandbox::{check_initial_memory, sha256_hex, CompiledModule};
+use crate::sandbox::{
+    check_initial_memory, check_structure, load_shared, save_shared, sha256_hex, CompiledModule,
+    ValidationError,
+};
 
 fn check_task_type(task_type: &str) -> Result<(), ApiError> {
     queue::validate_task_type(task_type)
@@ -154,11 +157,12 @@ async fn check_secrets_exist(
 }
 
 /// The compiled module for `bytes`, for a module that runs with at most `memory_limit_bytes`:
-/// the runner's cached one when it already has these bytes, else compiled through the
-/// sandbox's compiler (structural limits, then the budgeted child) on the blocking pool, at
-/// most `max_concurrent_validations` uploads and one per tenant at once. The request stops
-/// waiting after `validation_timeout`; the compile holds its turn and slot until it ends (the
-/// compiler kills its child at the compile wall bound).
+/// the runner's cached one when it already has these bytes; else, past the structural limits,
+/// the fleet's stored artifact when a runner compiled these bytes before; else compiled
+/// through the sandbox's compiler (the budgeted child) on the blocking pool, at most
+/// `max_concurrent_validations` uploads and one per tenant at once, and its artifact stored
+/// for the fleet. The request stops waiting after `validation_timeout`; the compile holds its
+/// turn and slot until it ends (the compiler kills its child at the compile wall bound).
 async fn validate(
     state: &AdminState,
     tenant: &str,
@@ -174,6 +178,15 @@ async fn validate(
         check_initial_memory(&bytes, memory_limit_bytes)?;
         return Ok(cached);
     }
+    // The structural limits hold for a module compiled before, too (they may have been
+    // tightened since); they cost one parser pass.
+    let sandbox = state.sandbox().clone();
+    check_structure(&bytes, sandbox.compile_limits()).map_err(ValidationError::from)?;
+    let artifacts = Arc::clone(state.artifacts());
+    if let Some(stored) = load_shared(&sandbox, artifacts.as_ref(), &sha256_hex(&bytes)).await {
+        check_initial_memory(&bytes, memory_limit_bytes)?;
+        return Ok(Arc::new(stored));
+    }
     let turn = state.compile_turns().take(tenant).ok_or_else(|| {
         ApiError::conflict(
             "compile_in_progress",
@@ -188,11 +201,17 @@ async fn validate(
         .acquire_owned()
         .await
         .map_err(|_| ApiError::unavailable("the admin API is shutting down"))?;
-    let sandbox = state.sandbox().clone();
+    let runtime = tokio::runtime::Handle::current();
     let job = tokio::task::spawn_blocking(move || {
         // Held until the compile really ends, even when the request stopped waiting for it.
         let (_permit, _turn) = (permit, turn);
-        sandbox.compile_for(&bytes, memory_limit_bytes)
+        let (compiled, artifact) = sandbox.compile_sharing(&bytes, Some(memory_limit_bytes))?;
+        // Stored here, not by the request: a request that stopped waiting leaves the
+        // artifact for the next upload of these bytes (and for the runners).
+        if let Some(artifact) = artifact {
+            runtime.block_on(save_shared(artifacts.as_ref(), artifact));
+        }
+        Ok::<_, ValidationError>(compiled)
     });
     let timeout = state.config().validation_timeout;
     match tokio::time::timeout(timeout, job).await {
@@ -201,7 +220,10 @@ async fn validate(
         Ok(Err(join)) => Err(ApiError::internal("module validation task failed", &join)),
         Err(_elapsed) => Err(ApiError::unprocessable(
             "validation_timeout",
-            format!("the module took longer than {timeout:?} to validate"),
+            format!(
+                "the module took longer than {timeout:?} to validate; its compile goes on, and \
+                 an upload of the same bytes once it ended uses what it compiled"
+            ),
         )),
     }
 }
