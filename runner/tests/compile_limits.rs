@@ -36,7 +36,13 @@ fn sandbox_with(compile: CompileLimits, compiler: CompilerKind) -> Sandbox {
 }
 
 fn api_on(db: &Stores, sandbox: Sandbox) -> Api {
-    let config = AdminConfig { operator_token: Some(OPERATOR.into()), ..AdminConfig::default() };
+    // These tests are about the compile's budgets, not the request's patience: on a loaded
+    // machine a compile within its CPU budget can outlast the default 30 s of waiting.
+    let config = AdminConfig {
+        operator_token: Some(OPERATOR.into()),
+        validation_timeout: Duration::from_secs(300),
+        ..AdminConfig::default()
+    };
     Api { state: AdminState::new(&db.admin, sandbox, config).unwrap(), pool: db.pool() }
 }
 
