@@ -275,7 +275,10 @@ async fn measure_python_and_js_against_rust() {
     const RUNS: usize = 200;
     let payload = serde_json::to_vec(&json!({"name": "Ada"})).expect("json");
     let task = input(&payload, Capabilities::none());
-    println!("component          size KiB  compile s  p50 per task  p50 ratio");
+    println!(
+        "{:<16} {:>9} {:>10} {:>13} {:>9} {:>9} {:>12}",
+        "component", "size KiB", "compile s", "p50 per task", "ratio", "peak MiB", "fuel/task"
+    );
     let mut rust_p50 = None;
     for name in ["component-noop", PYTHON_HELLO, JS_HELLO] {
         let bytes =
@@ -284,20 +287,25 @@ async fn measure_python_and_js_against_rust() {
         let module = sandbox().compile(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
         let compile = started.elapsed();
         let mut samples = Vec::with_capacity(RUNS);
+        let mut last = None;
         for _ in 0..RUNS {
             let started = Instant::now();
             let exec = sandbox().run(&module, &task, &limits()).await;
             samples.push(started.elapsed());
             assert!(matches!(exec.outcome, Outcome::Success(_)), "{name}: {exec:?}");
+            last = Some(exec.usage);
         }
+        let usage = last.expect("at least one run");
         let p50 = median(&mut samples);
         let rust = *rust_p50.get_or_insert(p50);
         println!(
-            "{name:<18} {:>8}  {:>9.2}  {:>12.2?}  {:>8.1}x",
+            "{name:<16} {:>9} {:>10.2} {:>13.2?} {:>8.1}x {:>9.1} {:>12}",
             bytes.len().div_ceil(1024),
             compile.as_secs_f64(),
             p50,
-            p50.as_secs_f64() / rust.as_secs_f64()
+            p50.as_secs_f64() / rust.as_secs_f64(),
+            usage.peak_memory_bytes as f64 / f64::from(1 << 20),
+            usage.fuel_used,
         );
     }
 }

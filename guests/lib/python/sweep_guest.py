@@ -192,9 +192,11 @@ def request(
         method_case = _METHODS[method.upper()]()
     except KeyError:
         method_case = http.Method_Other(method)
-    fields = http.Fields.from_list(
-        [(name, value.encode()) for name, value in (headers or {}).items()]
-    )
+    entries = [(name.lower(), value.encode()) for name, value in (headers or {}).items()]
+    if body and not any(name == "content-length" for name, _ in entries):
+        # Known up front: sent as a length, not chunked, which every server reads.
+        entries.append(("content-length", str(len(body)).encode()))
+    fields = http.Fields.from_list(entries)
     outgoing = http.OutgoingRequest(fields)
     outgoing.set_method(method_case)
     outgoing.set_scheme(http.Scheme_Https() if parts.scheme == "https" else http.Scheme_Http())
