@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
-# Builds the handlers written in other languages (guests/<lang>-<name>/) for WASI preview 1 into
-# the same directory as the Rust modules: $TARGET_DIR/wasm32-wasip1/wasm/<lang>-<name>.wasm.
-# scripts/build-modules.sh calls it; it can also run alone.
+# Builds the handlers written in other languages (guests/<lang>-<name>/): C and Zig for WASI
+# preview 1 into the same directory as the Rust modules, $TARGET_DIR/wasm32-wasip1/wasm/, and
+# Python and JavaScript as WASI 0.2 components into the same directory as the Rust components,
+# $TARGET_DIR/wasm32-wasip2/wasm/. scripts/build-modules.sh calls it; it can also run alone.
 #
 #   scripts/build-guests.sh                 # every guest
 #   scripts/build-guests.sh c-wordcount     # just these
 #
-# Toolchains (docs/guests.md; scripts/prepare.sh installs both):
-#   c-*    clang with the wasm32-wasi target and wasi-libc (Debian: clang lld wasi-libc
-#          libclang-rt-14-dev-wasm32); override the compiler with WASI_CC.
-#   zig-*  Zig 0.14 (pip install ziglang==0.14.1, run as `python3 -m ziglang`); override with ZIG.
+# Toolchains (docs/guests.md; scripts/prepare.sh installs them all):
+#   c-*       clang with the wasm32-wasi target and wasi-libc (Debian: clang lld wasi-libc
+#             libclang-rt-14-dev-wasm32); override the compiler with WASI_CC.
+#   zig-*     Zig 0.14 (pip install ziglang==0.14.1, run as `python3 -m ziglang`); override with ZIG.
+#   python-*  componentize-py 0.25.1 (PyPI); override with COMPONENTIZE_PY.
+#   js-*      componentize-js 0.23.0 (npm, under target/tools/node) on Node.js 20+; override with
+#             COMPONENTIZE_JS, the package's directory.
+#
+# Python and JavaScript guests are built against guests/wit (the `wasi:cli` command world plus
+# `wasi:http/outgoing-handler`), with their language's helper module from guests/lib/<lang>/
+# on the import path. Each takes 10-25 s to build, so a component is rebuilt only when its
+# inputs changed: the guest's files, the helper, the WIT and the tool's version, hashed into a
+# stamp beside the work files ($TARGET_DIR/guests/<name>.stamp).
 #
 # A missing toolchain is reported by name with its install command. Under CI (CI set and not
 # "false") that is an error; elsewhere the guest is skipped with a warning so the Rust modules
@@ -19,9 +29,11 @@ cd "$(dirname "$0")/.."
 
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 out="$TARGET_DIR/wasm32-wasip1/wasm"
+components="$TARGET_DIR/wasm32-wasip2/wasm"
 work="$TARGET_DIR/guests"
-mkdir -p "$out" "$work"
+mkdir -p "$out" "$components" "$work"
 out="$(cd "$out" && pwd)"
+components="$(cd "$components" && pwd)"
 work="$(cd "$work" && pwd)"
 
 # The prepare script's Python environment (Zig from PyPI), if it made one, leads PATH.
@@ -30,6 +42,12 @@ work="$(cd "$work" && pwd)"
 WASI_CC="${WASI_CC:-clang}"
 read -r -a ZIG <<<"${ZIG:-python3 -m ziglang}"
 ZIG_SERIES="0.14."
+read -r -a COMPONENTIZE_PY <<<"${COMPONENTIZE_PY:-componentize-py}"
+COMPONENTIZE_PY_VERSION="0.25.1"
+COMPONENTIZE_JS="${COMPONENTIZE_JS:-$node_tools/node_modules/@bytecodealliance/componentize-js}"
+COMPONENTIZE_JS_VERSION="0.23.0"
+WIT=guests/wit
+WORLD=handler
 
 strict=false
 if [ -n "${CI:-}" ] && [ "${CI:-}" != "false" ]; then strict=true; fi
@@ -90,11 +108,80 @@ build_zig() { # name, dir
   cp "$work/$1.wasm" "$out/$1.wasm"
 }
 
+python_toolchain() {
+  local version
+  version="$("${COMPONENTIZE_PY[@]}" --version 2>/dev/null)" || { echo "not found" >"$work/py-probe.log"; return 1; }
+  [ "$version" = "componentize-py $COMPONENTIZE_PY_VERSION" ] \
+    || { echo "found $version, need $COMPONENTIZE_PY_VERSION" >"$work/py-probe.log"; return 1; }
+}
+
+js_toolchain() {
+  local version
+  version="$(node -p "require('$COMPONENTIZE_JS/package.json').version" 2>/dev/null)" \
+    || { echo "not found, or no node" >"$work/js-probe.log"; return 1; }
+  [ "$version" = "$COMPONENTIZE_JS_VERSION" ] \
+    || { echo "found $version, need $COMPONENTIZE_JS_VERSION" >"$work/js-probe.log"; return 1; }
+}
+
+# What a component is built from, hashed: when it matches the stamp of the last build and that
+# build's output is in place, the build is skipped.
+inputs_hash() { # tool and version, paths...
+  {
+    echo "$1"
+    shift
+    find "$@" "$WIT" -type f -not -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum
+  } | sha256sum | cut -d' ' -f1
+}
+
+# Whether component $1 was built from inputs hashing to $2 (the pinned tool version is one of
+# them, so a kept output is what the toolchain would build: it needs no toolchain).
+up_to_date() { # name, hash
+  [ -f "$components/$1.wasm" ] && [ "$(cat "$work/$1.stamp" 2>/dev/null)" = "$2" ]
+}
+
+build_python() { # name, dir
+  [ -f "$2/app.py" ] || { echo "build-guests: $2 must hold app.py (the module componentize-py builds)" >&2; exit 1; }
+  local hash
+  hash="$(inputs_hash "componentize-py $COMPONENTIZE_PY_VERSION" "$2" guests/lib/python)"
+  up_to_date "$1" "$hash" && return 0
+  rm -f "$components/$1.wasm" "$work/$1.stamp"
+  if ! python_toolchain; then
+    toolchain_missing "$1" "no componentize-py $COMPONENTIZE_PY_VERSION as '${COMPONENTIZE_PY[*]}' ($(cat "$work/py-probe.log"))" \
+      "scripts/prepare.sh python_guests"
+    return 0
+  fi
+  # The module's top level runs here, at build time, and the interpreter is snapshotted.
+  "${COMPONENTIZE_PY[@]}" -q -d "$WIT" -w "$WORLD" componentize \
+    -p "$2" -p guests/lib/python app -o "$work/$1.wasm"
+  mv "$work/$1.wasm" "$components/$1.wasm"
+  echo "$hash" >"$work/$1.stamp"
+}
+
+build_js() { # name, dir
+  [ -f "$2/handler.js" ] || { echo "build-guests: $2 must hold handler.js (the module componentize-js builds)" >&2; exit 1; }
+  local hash
+  hash="$(inputs_hash "componentize-js $COMPONENTIZE_JS_VERSION" "$2" guests/lib/js \
+    scripts/js-toolchain/componentize.mjs)"
+  up_to_date "$1" "$hash" && return 0
+  rm -f "$components/$1.wasm" "$work/$1.stamp"
+  if ! js_toolchain; then
+    toolchain_missing "$1" "no componentize-js $COMPONENTIZE_JS_VERSION in $COMPONENTIZE_JS ($(cat "$work/js-probe.log"))" \
+      "scripts/prepare.sh js_guests"
+    return 0
+  fi
+  # componentize-js's CLI, with Wizer's compile cache in the work directory (see the script).
+  XDG_CACHE_HOME="$work/cache" node scripts/js-toolchain/componentize.mjs "$COMPONENTIZE_JS" \
+    "$WIT" "$WORLD" "$2/handler.js" "$work/$1.wasm"
+  mv "$work/$1.wasm" "$components/$1.wasm"
+  echo "$hash" >"$work/$1.stamp"
+}
+
 if [ "$#" -gt 0 ]; then
   guests=("$@")
 else
   guests=()
-  for dir in guests/*/; do
+  # <lang>-<name> only: guests/wit and guests/lib are what the guests are built with.
+  for dir in guests/*-*/; do
     guests+=("$(basename "$dir")")
   done
 fi
@@ -106,21 +193,22 @@ for name in "${guests[@]}"; do
     echo "build-guests: no guest '$name' (expected $dir/)" >&2
     exit 1
   fi
-  rm -f "$out/$name.wasm"
   case "$name" in
-    c-*) build_c "$name" "$dir" ;;
-    zig-*) build_zig "$name" "$dir" ;;
+    c-*) rm -f "$out/$name.wasm"; build_c "$name" "$dir"; wasm="$out/$name.wasm" ;;
+    zig-*) rm -f "$out/$name.wasm"; build_zig "$name" "$dir"; wasm="$out/$name.wasm" ;;
+    python-*) build_python "$name" "$dir"; wasm="$components/$name.wasm" ;;
+    js-*) build_js "$name" "$dir"; wasm="$components/$name.wasm" ;;
     *)
-      echo "build-guests: $dir: the name must start with its language (c-, zig-)" >&2
+      echo "build-guests: $dir: the name must start with its language (c-, zig-, python-, js-)" >&2
       exit 1
       ;;
   esac
-  if [ -f "$out/$name.wasm" ]; then built+=("$name"); fi
+  if [ -f "$wasm" ]; then built+=("$wasm"); fi
 done
 
-echo "Guest modules in $out:"
-for name in "${built[@]}"; do
-  printf '  %-12s %7d KiB  %s\n' "$name" "$(( ($(wc -c <"$out/$name.wasm") + 1023) / 1024 ))" "$out/$name.wasm"
+echo "Guests (modules in $out, components in $components):"
+for wasm in "${built[@]}"; do
+  printf '  %-14s %7d KiB  %s\n' "$(basename "$wasm" .wasm)" "$(( ($(wc -c <"$wasm") + 1023) / 1024 ))" "$wasm"
 done
 if [ "$missing" -gt 0 ] && $strict; then
   echo "build-guests: $missing guest(s) not built: toolchain missing (CI is set)" >&2

@@ -2,15 +2,16 @@
 # Builds every guest module under modules/ for wasm32-wasip1 with the `wasm` profile, in one
 # cargo invocation, and prints where each .wasm landed and how big it is; then the WASI 0.2
 # components under components/ for wasm32-wasip2; then the handlers in other languages under
-# guests/ (scripts/build-guests.sh) into the wasip1 directory.
+# guests/ (scripts/build-guests.sh): C and Zig modules into the wasip1 directory, Python and
+# JavaScript components into the wasip2 one.
 #
 #   scripts/build-modules.sh                        # all modules, components and guests
 #   scripts/build-modules.sh noop flaky c-wordcount # just these
 #
 # The module list is the directory list: modules/<name>/ holds a crate named <name> whose binary
 # becomes $TARGET_DIR/wasm32-wasip1/wasm/<name>.wasm; components/<name>/ likewise becomes
-# $TARGET_DIR/wasm32-wasip2/wasm/<name>.wasm; guests/<name>/ becomes <name>.wasm beside the
-# modules.
+# $TARGET_DIR/wasm32-wasip2/wasm/<name>.wasm; guests/<lang>-<name>/ becomes <lang>-<name>.wasm
+# beside the modules (c-, zig-) or the components (python-, js-).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,7 +48,7 @@ else
   for manifest in components/*/Cargo.toml; do
     components+=("$(basename "$(dirname "$manifest")")")
   done
-  for dir in guests/*/; do
+  for dir in guests/*-*/; do
     guests+=("$(basename "$dir")")
   done
 fi

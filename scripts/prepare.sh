@@ -11,6 +11,9 @@
 #   wasm_targets  the Rust targets the modules build for (rustup)
 #   c_guests      clang, lld and wasi-libc for the C guests (apt)
 #   zig_guests    Zig 0.14 for the Zig guests (PyPI: ziglang)
+#   python_guests componentize-py 0.25.1 for the Python guests (PyPI)
+#   js_guests     componentize-js 0.23.0 for the JavaScript guests (npm, from the lock file in
+#                 scripts/js-toolchain/, into target/tools/node; needs Node.js 20+ and npm)
 #   pgbouncer     PgBouncer, which runner/tests/pgbouncer.rs starts (apt)
 #   browser       Chromium and chromedriver for runner/tests/ui_browser.rs (apt)
 #   schemathesis  the API fuzzer scripts/fuzz-api.sh runs (PyPI)
@@ -23,12 +26,14 @@
 # apt packages are installed as root, or through sudo; Python packages into python3 when pip
 # may install there, else into a virtual environment under target/tools/python, whose bin/
 # then leads PATH: for every script that sources this file (build-guests.sh and fuzz-api.sh
-# do, for `python3 -m ziglang` and `python3 -m schemathesis`). Everything is pinned.
+# do, for `python3 -m ziglang` and `python3 -m schemathesis`). npm packages into
+# target/tools/node, with npm's cache beside it in target/tools/npm-cache: nothing lands
+# outside the checkout. Everything is pinned.
 #
 # env: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test), SWEEP_PREPARE=0 skips
 #      everything (a machine prepared some other way).
 
-STEPS=(wasm_targets c_guests zig_guests pgbouncer browser schemathesis python_client postgres
+STEPS=(wasm_targets c_guests zig_guests python_guests js_guests pgbouncer browser schemathesis python_client postgres
        test_database)
 
 prepare_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -97,6 +102,38 @@ pip_install() { # distribution, version
   python3 -m pip install -q --disable-pip-version-check "$1==$2"
 }
 
+# The JavaScript toolchain: `npm ci` of scripts/js-toolchain/ (its lock file pins every
+# package) into this directory; build-guests.sh runs node_tools/node_modules/.bin/*.
+node_tools="$prepare_root/${CARGO_TARGET_DIR:-target}/tools/node"
+NODE_MAJOR_MIN=20
+
+node_ready() { # the installed tree is the committed lock file's
+  [ -x "$node_tools/node_modules/.bin/componentize-js" ] \
+    && cmp -s "$prepare_root/scripts/js-toolchain/package-lock.json" "$node_tools/package-lock.json"
+}
+
+npm_ci() {
+  node_ready && return 0
+  local major
+  major="$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null)" || major=0
+  if [ "$major" -lt "$NODE_MAJOR_MIN" ] || ! command -v npm >/dev/null; then
+    say "Node.js $NODE_MAJOR_MIN or later with npm is needed (found: $(node --version 2>/dev/null || echo none))"
+    return 1
+  fi
+  say "npm ci (scripts/js-toolchain) into $node_tools"
+  mkdir -p "$node_tools"
+  cp "$prepare_root/scripts/js-toolchain/package.json" "$prepare_root/scripts/js-toolchain/package-lock.json" "$node_tools/"
+  local log
+  log="$(mktemp)"
+  if ! npm ci --prefix "$node_tools" --cache "$node_tools/../npm-cache" --no-audit --no-fund \
+    --loglevel=error >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log" "$node_tools/package-lock.json"
+    return 1
+  fi
+  rm -f "$log"
+}
+
 # --- steps ---------------------------------------------------------------------------------
 
 step_wasm_targets() {
@@ -109,6 +146,10 @@ step_wasm_targets() {
 step_c_guests() { apt_install clang lld wasi-libc libclang-rt-14-dev-wasm32; }
 
 step_zig_guests() { pip_install ziglang 0.14.1; }
+
+step_python_guests() { pip_install componentize-py 0.25.1; }
+
+step_js_guests() { npm_ci; }
 
 step_pgbouncer() { apt_install pgbouncer; }
 

@@ -182,8 +182,11 @@ impl StoreShape {
 }
 
 /// Core instances (and tables) one component may create: `wasm32-wasip2` Rust components
-/// have 3 to 4 (the program, a shim and its fix-up, sometimes an adapter).
-pub(crate) const COMPONENT_CORE_INSTANCES: usize = 8;
+/// have 3 to 4 (the program, a shim and its fix-up, sometimes an adapter), componentize-js
+/// ones 4, componentize-py ones 14 (CPython, its libc and runtime are dynamically linked
+/// libraries, each an instance). 32 leaves room for other toolchains; what a slot costs the
+/// pool is address space for its table, reserved, not memory.
+pub(crate) const COMPONENT_CORE_INSTANCES: usize = 32;
 
 /// A fresh store for one run of a guest with WASI state `wasi`, with fuel, limiter and epoch
 /// callback installed.

@@ -1,0 +1,311 @@
+//! Handlers in Python (componentize-py) and JavaScript (componentize-js), built as WASI 0.2
+//! components against the `wasi:cli` command world (`guests/wit`), run through the real
+//! sandbox under the same contract as the Rust components: the result on stdout, exit 100 for
+//! a permanent failure, secrets as environment variables, and outbound HTTP only where the
+//! egress list allows (a loopback server stands in for a mail API, as in
+//! `sandbox_components.rs`).
+//!
+//! The components come from `scripts/build-guests.sh` (run by `scripts/build-modules.sh`),
+//! with the toolchains `scripts/prepare.sh` installs; a component that was not built fails
+//! these tests with a message naming both: they never skip.
+//!
+//! Each component is tens of MB with a language runtime inside, past the structural compile
+//! limits a default sandbox holds modules to, so this sandbox sets its compile limits itself.
+//! `measure_python_and_js_against_rust` (ignored: run it with `--ignored --nocapture`) prints
+//! sizes, compile times and per-task sandbox times next to the Rust component no-op.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sweep::sandbox::{
+    Capabilities, CompileLimits, CompiledModule, EgressPolicy, Execution, HandlerKind, Limits,
+    Outcome, Sandbox, SandboxConfig, TaskInput,
+};
+use sweep_dev::mail::{MailApi, Reply};
+use sweep_dev::modules::{component_bytes, components_dir};
+
+const PYTHON_HELLO: &str = "python-hello";
+const PYTHON_SEND: &str = "python-send";
+const JS_HELLO: &str = "js-hello";
+const JS_FETCH: &str = "js-fetch";
+
+const HELLOS: [&str; 2] = [PYTHON_HELLO, JS_HELLO];
+const SENDERS: [&str; 2] = [PYTHON_SEND, JS_FETCH];
+
+/// Room for a language runtime: a componentize-py component defines ~14,000 functions in
+/// ~12 MB of code, CPython's interpreter loop alone is a ~200 KB function. Set here rather
+/// than taken from the defaults, which are the operator's to choose.
+fn compile_limits() -> CompileLimits {
+    CompileLimits {
+        max_functions: 200_000,
+        max_code_bytes: 128 << 20,
+        max_function_bytes: 8 << 20,
+        max_locals: 100_000,
+        cpu: Duration::from_secs(300),
+        memory_bytes: 8 << 30,
+        wall: Duration::from_secs(600),
+        ..CompileLimits::default()
+    }
+}
+
+fn sandbox() -> &'static Sandbox {
+    static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
+    SANDBOX.get_or_init(|| {
+        let config = SandboxConfig { compile: compile_limits(), ..SandboxConfig::default() };
+        Sandbox::new(config).expect("sandbox builds")
+    })
+}
+
+fn limits() -> Limits {
+    Limits {
+        fuel: 2_000_000_000,
+        timeout: Duration::from_secs(20),
+        memory_bytes: 128 << 20,
+        output_bytes: 64 << 10,
+    }
+}
+
+/// The bytes of guest component `name`, or a failure that says how to get them.
+fn guest_bytes(name: &str) -> Vec<u8> {
+    let path: PathBuf = components_dir().join(format!("{name}.wasm"));
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; build it with `scripts/build-guests.sh {name}` after \
+             `scripts/prepare.sh python_guests js_guests` installs componentize-py and \
+             componentize-js",
+            path.display()
+        )
+    })
+}
+
+/// Each guest compiled once per test binary (a compile takes seconds).
+fn compiled(name: &str) -> CompiledModule {
+    static CACHE: OnceLock<Mutex<HashMap<String, CompiledModule>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    // Held while compiling: two tests wanting the same guest compile it once.
+    let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(module) = cache.get(name) {
+        return module.clone();
+    }
+    let module = sandbox()
+        .compile(&guest_bytes(name))
+        .unwrap_or_else(|e| panic!("{name} compiles: {}", chain(&e)));
+    cache.insert(name.to_owned(), module.clone());
+    module
+}
+
+/// An error and its sources, one after the other.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}
+
+fn input(payload: &[u8], capabilities: Capabilities) -> TaskInput {
+    TaskInput {
+        task_id: "task-7".into(),
+        task_type: "polyglot".into(),
+        attempt: 2,
+        max_attempts: 5,
+        payload: payload.to_vec(),
+        capabilities,
+    }
+}
+
+async fn run(name: &str, payload: &Value, capabilities: Capabilities) -> Execution {
+    let payload = serde_json::to_vec(payload).expect("json");
+    sandbox().run(&compiled(name), &input(&payload, capabilities), &limits()).await
+}
+
+fn success<'e>(name: &str, exec: &'e Execution) -> &'e Value {
+    match &exec.outcome {
+        Outcome::Success(v) => v,
+        other => panic!("{name}: expected success, got {other:?}; stderr: {}", exec.stderr),
+    }
+}
+
+fn permanent_message(name: &str, exec: &Execution) -> String {
+    match &exec.outcome {
+        Outcome::HandlerError { permanent: true, exit_code: 100, message } => message.clone(),
+        other => panic!("{name}: expected exit 100, got {other:?}; stderr: {}", exec.stderr),
+    }
+}
+
+fn retryable_message(name: &str, exec: &Execution) -> String {
+    match &exec.outcome {
+        Outcome::HandlerError { permanent: false, exit_code: 1, message } => message.clone(),
+        other => panic!("{name}: expected exit 1, got {other:?}; stderr: {}", exec.stderr),
+    }
+}
+
+#[tokio::test]
+async fn hello_guests_answer_from_the_payload_and_the_task() {
+    for name in HELLOS {
+        let module = compiled(name);
+        assert_eq!(module.kind(), HandlerKind::Component, "{name}");
+
+        let exec = run(name, &json!({"name": "Ada"}), Capabilities::none()).await;
+        assert_eq!(success(name, &exec), &json!({"greeting": "Hello, Ada!", "attempt": 2}));
+        assert!(exec.stderr.contains(&format!("{name}: task task-7")), "{name}: {}", exec.stderr);
+        assert!(exec.usage.fuel_used > 0, "{name}: {:?}", exec.usage);
+
+        let exec = run(name, &json!({}), Capabilities::none()).await;
+        assert_eq!(success(name, &exec), &json!({"greeting": "Hello, world!", "attempt": 2}));
+    }
+}
+
+#[tokio::test]
+async fn bad_payloads_fail_permanently_with_the_reason_last_on_stderr() {
+    for name in HELLOS {
+        let exec = run(name, &json!({"name": 5}), Capabilities::none()).await;
+        assert_eq!(permanent_message(name, &exec), "name must be a string");
+
+        let not_json = input(b"{not json", Capabilities::none());
+        let exec = sandbox().run(&compiled(name), &not_json, &limits()).await;
+        let message = permanent_message(name, &exec);
+        assert!(message.starts_with("the payload is not JSON"), "{name}: {message}");
+
+        let exec = run(name, &json!([1, 2]), Capabilities::none()).await;
+        assert_eq!(permanent_message(name, &exec), "the payload is not a JSON object");
+    }
+    for name in SENDERS {
+        // No key: the module names no secret, so retrying cannot help.
+        let payload = json!({"mail_api_url": "http://127.0.0.1:9/send", "to": "a@example.org"});
+        let exec = run(name, &payload, Capabilities::none()).await;
+        let message = permanent_message(name, &exec);
+        assert_eq!(message, "MAIL_API_KEY is not set: name it as a secret of the module");
+        assert_eq!((exec.usage.http_requests, exec.usage.http_refused), (0, 0), "{name}");
+    }
+}
+
+fn allowing(entries: &[&str]) -> Capabilities {
+    let egress = EgressPolicy::parse(entries).expect("a valid allow list");
+    Capabilities { egress: Arc::new(egress), ..Capabilities::none() }
+}
+
+/// The mail payload for `api`, with the key as the module's secret.
+async fn send(name: &str, api: &MailApi, capabilities: Capabilities) -> Execution {
+    let capabilities =
+        Capabilities { env: vec![("MAIL_API_KEY".into(), "k-123".into())], ..capabilities };
+    let payload = json!({"mail_api_url": api.url(), "to": "ada@example.org", "subject": "hi"});
+    run(name, &payload, capabilities).await
+}
+
+#[tokio::test]
+async fn senders_post_with_the_secret_and_return_the_message_id() {
+    for name in SENDERS {
+        let api = MailApi::start(Reply::MessageId).await.expect("mail api");
+        let exec = send(name, &api, allowing(&[&api.allow_entry()])).await;
+        assert_eq!(success(name, &exec), &json!({"message_id": "msg-1", "status": 200}));
+        let requests = api.requests();
+        assert_eq!(requests.len(), 1, "{name}");
+        let sent = &requests[0];
+        assert_eq!((sent.method.as_str(), sent.path.as_str()), ("POST", "/send"), "{name}");
+        assert_eq!(sent.header("authorization"), Some("Bearer k-123"), "{name}");
+        assert_eq!(sent.header("content-type"), Some("application/json"), "{name}");
+        let body: Value = serde_json::from_slice(&sent.body).expect("a JSON body");
+        assert_eq!(body, json!({"to": "ada@example.org", "subject": "hi"}), "{name}");
+        let usage = exec.usage;
+        assert_eq!((usage.http_requests, usage.http_refused), (1, 0), "{name}");
+        assert_eq!(usage.bytes_sent, sent.body.len() as u64, "{name}");
+        assert_eq!(usage.bytes_received, br#"{"id":"msg-1"}"#.len() as u64, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_host_off_the_list_fails_inside_the_guest_before_any_connection() {
+    let api = MailApi::start(Reply::MessageId).await.expect("mail api");
+    let port = api.addr().port();
+    // What each guest sees: Python's helper names the `wasi:http` error case; StarlingMonkey's
+    // `fetch` rejects with a generic network error, so the host's own line says why.
+    let seen = [
+        (PYTHON_SEND, "HttpRequestDenied"),
+        (JS_FETCH, "NetworkError when attempting to fetch resource"),
+    ];
+    for (name, error) in seen {
+        for caps in [Capabilities::none(), allowing(&["api.mail.example", "127.0.0.1:1"])] {
+            let exec = send(name, &api, caps).await;
+            // Retryable: the list may change; the guest saw its request fail, it did not trap.
+            let message = retryable_message(name, &exec);
+            let why = format!(
+                "sweep: outbound request refused: 127.0.0.1:{port} is not on the tenant's \
+                 egress list"
+            );
+            let failed = format!("POST {} failed: {error}", api.url());
+            assert_eq!(message.lines().collect::<Vec<_>>(), [why.as_str(), &failed], "{name}");
+            assert_eq!((exec.usage.http_requests, exec.usage.http_refused), (0, 1), "{name}");
+        }
+    }
+    assert_eq!(api.connections(), 0);
+}
+
+#[tokio::test]
+async fn a_4xx_answer_is_permanent_and_a_5xx_is_retried() {
+    for name in SENDERS {
+        let api = MailApi::start(Reply::Json(401, r#"{"error":"bad key"}"#.into()))
+            .await
+            .expect("mail api");
+        let exec = send(name, &api, allowing(&[&api.allow_entry()])).await;
+        let message = permanent_message(name, &exec);
+        assert_eq!(message, format!(r#"{} answered 401: {{"error":"bad key"}}"#, api.url()));
+
+        let api = MailApi::start(Reply::Json(503, "{}".into())).await.expect("mail api");
+        let exec = send(name, &api, allowing(&[&api.allow_entry()])).await;
+        let message = retryable_message(name, &exec);
+        assert_eq!(message, format!("{} answered 503: {{}}", api.url()));
+    }
+}
+
+/// p50 of `samples`.
+fn median(samples: &mut [Duration]) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+#[tokio::test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn measure_python_and_js_against_rust() {
+    const RUNS: usize = 200;
+    let payload = serde_json::to_vec(&json!({"name": "Ada"})).expect("json");
+    let task = input(&payload, Capabilities::none());
+    println!(
+        "{:<16} {:>9} {:>10} {:>13} {:>9} {:>9} {:>12}",
+        "component", "size KiB", "compile s", "p50 per task", "ratio", "peak MiB", "fuel/task"
+    );
+    let mut rust_p50 = None;
+    for name in ["component-noop", PYTHON_HELLO, JS_HELLO] {
+        let bytes =
+            if name == "component-noop" { component_bytes(name) } else { guest_bytes(name) };
+        let started = Instant::now();
+        let module = sandbox().compile(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let compile = started.elapsed();
+        let mut samples = Vec::with_capacity(RUNS);
+        let mut last = None;
+        for _ in 0..RUNS {
+            let started = Instant::now();
+            let exec = sandbox().run(&module, &task, &limits()).await;
+            samples.push(started.elapsed());
+            assert!(matches!(exec.outcome, Outcome::Success(_)), "{name}: {exec:?}");
+            last = Some(exec.usage);
+        }
+        let usage = last.expect("at least one run");
+        let p50 = median(&mut samples);
+        let rust = *rust_p50.get_or_insert(p50);
+        println!(
+            "{name:<16} {:>9} {:>10.2} {:>13.2?} {:>8.1}x {:>9.1} {:>12}",
+            bytes.len().div_ceil(1024),
+            compile.as_secs_f64(),
+            p50,
+            p50.as_secs_f64() / rust.as_secs_f64(),
+            usage.peak_memory_bytes as f64 / f64::from(1 << 20),
+            usage.fuel_used,
+        );
+    }
+}
