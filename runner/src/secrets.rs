@@ -199,7 +199,7 @@ impl fmt::Debug for ArtifactKey {
 
 impl ArtifactKey {
     /// The id of the deployment key this one is derived from ([`SecretsKey::id`]): stored with
-    /// each tag, so runners of different keys keep apart rows.
+    /// each tag, so runners of different keys keep their rows apart.
     pub fn id(&self) -> &str {
         &self.id
     }
