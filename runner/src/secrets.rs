@@ -2,7 +2,8 @@
 //! a value, and redacting values out of text a task leaves behind.
 //!
 //! Owns: [`SecretsKey`] (read from `SWEEP_SECRETS_KEY`, or drawn by `sweep dev`), [`Sealed`]
-//! (what a row of `sweep.secrets` holds), [`Redactor`].
+//! (what a row of `sweep.secrets` holds), [`ArtifactKey`] (what authenticates the fleet's
+//! compiled artifacts), [`Redactor`].
 //!
 //! Invariants:
 //! - a value is sealed with XChaCha20-Poly1305 (RustCrypto's `chacha20poly1305`) under the
@@ -11,6 +12,11 @@
 //! - the key is never logged or shown: `Debug` prints only its id (16 hex digits of a
 //!   domain-separated SHA-256 of the key), which is also stored with each row, so a runner
 //!   with another key says which key a row needs instead of failing obscurely;
+//! - the deployment key is used directly only by the AEAD. Anything else keyed by it gets its
+//!   own sub-key, HMAC-SHA256 of a label naming that use under the deployment key (a PRF
+//!   output: it tells nothing of the key nor of the other uses). [`ArtifactKey`] is one: the
+//!   HMAC-SHA256 key of compiled artifacts (`sandbox::artifacts`), held as a keyed HMAC state,
+//!   so no code outside this module sees the bytes of either key;
 //! - a [`Redactor`] replaces every exact occurrence of a value, and a value's partial copy at
 //!   either edge of a text that was cut (a stderr tail), by `[redacted:NAME]`. It is a guard
 //!   against accidents (a handler logging its request), not against a handler that means to
@@ -21,6 +27,7 @@ use std::sync::Arc;
 
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use hmac::{Hmac, Mac};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
@@ -38,6 +45,10 @@ pub const MAX_SECRET_NAME_LEN: usize = 128;
 /// tell nothing useful about it, and matching them would redact ordinary text.
 const MIN_EDGE_MATCH: usize = 4;
 const NONCE_BYTES: usize = 24;
+/// The label the artifact MAC's sub-key is derived with (see the module invariants).
+const ARTIFACT_KEY_LABEL: &[u8] = b"sweep compiled artifact mac key v1";
+
+type HmacSha256 = Hmac<Sha256>;
 
 /// Why a key was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,6 +62,7 @@ pub struct BadKey;
 pub struct SecretsKey {
     cipher: Arc<XChaCha20Poly1305>,
     id: String,
+    artifacts: ArtifactKey,
 }
 
 // Two keys are the same key when their ids are (a 64-bit prefix of a hash of the key).
@@ -112,12 +124,19 @@ impl SecretsKey {
         let digest =
             Sha256::new_with_prefix(b"sweep secrets key id\0").chain_update(key).finalize();
         let id = hex::encode(&digest[..8]);
-        SecretsKey { cipher: Arc::new(XChaCha20Poly1305::new(&(*key).into())), id }
+        let artifacts = ArtifactKey { mac: sub_key(key, ARTIFACT_KEY_LABEL), id: id.clone() };
+        SecretsKey { cipher: Arc::new(XChaCha20Poly1305::new(&(*key).into())), id, artifacts }
     }
 
     /// 16 hex digits naming this key (stored with each sealed value).
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The key that authenticates compiled artifacts shared by the runners holding this key
+    /// (a sub-key of it, see the module invariants).
+    pub fn artifact_key(&self) -> ArtifactKey {
+        self.artifacts.clone()
     }
 
     /// Seals `value` for secret `name` of `tenant`.
@@ -145,6 +164,68 @@ impl SecretsKey {
         let payload = Payload { msg: &sealed.sealed, aad: &aad };
         let plain = self.cipher.decrypt(&nonce, payload).map_err(|_| OpenError::Corrupt)?;
         String::from_utf8(plain).map_err(|_| OpenError::Corrupt)
+    }
+}
+
+/// The HMAC-SHA256 state keyed by the sub-key for `label`: HMAC-SHA256(`key`, `label`).
+fn sub_key(key: &[u8; 32], label: &[u8]) -> HmacSha256 {
+    let derive = keyed(key);
+    let sub = derive.chain_update(label).finalize().into_bytes();
+    keyed(&sub)
+}
+
+fn keyed(key: &[u8]) -> HmacSha256 {
+    // HMAC takes a key of any length; `new_from_slice` only fails for MACs that do not.
+    <HmacSha256 as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!("HMAC key length"))
+}
+
+/// The key runners authenticate the compiled artifacts they share with (derived from the
+/// deployment's [`SecretsKey`]): whoever can write the artifact store but does not hold the
+/// deployment key cannot make an artifact that a runner accepts. Cheap to clone; `Debug`
+/// prints only the id.
+#[derive(Clone)]
+pub struct ArtifactKey {
+    /// HMAC-SHA256 keyed by the sub-key (the key itself is not kept).
+    mac: HmacSha256,
+    /// The deployment key's id ([`SecretsKey::id`]).
+    id: String,
+}
+
+impl fmt::Debug for ArtifactKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ArtifactKey").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+impl ArtifactKey {
+    /// The id of the deployment key this one is derived from ([`SecretsKey::id`]): stored with
+    /// each tag, so runners of different keys keep their rows apart.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The tag of `fields` (each framed by its length, so no two lists of fields give the same
+    /// input), as 64 hex digits.
+    pub fn tag(&self, fields: &[&[u8]]) -> String {
+        hex::encode(self.framed(fields).finalize().into_bytes())
+    }
+
+    /// Whether `tag` (hex) is the tag of `fields`, compared in constant time; false for text
+    /// that is not 32 bytes of hex.
+    pub fn verify(&self, fields: &[&[u8]], tag: &str) -> bool {
+        match hex::decode(tag) {
+            Ok(tag) => self.framed(fields).verify_slice(&tag).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    fn framed(&self, fields: &[&[u8]]) -> HmacSha256 {
+        let mut mac = self.mac.clone();
+        for field in fields {
+            mac.update(&(field.len() as u64).to_le_bytes());
+            mac.update(field);
+        }
+        mac
     }
 }
 
@@ -303,6 +384,34 @@ mod tests {
         ));
         // A fresh nonce each time.
         assert_ne!(key.seal("acme", "K", "v").nonce, key.seal("acme", "K", "v").nonce);
+    }
+
+    #[test]
+    fn artifact_tags_verify_only_under_their_key_and_fields() {
+        let (key, hex) = SecretsKey::generate();
+        let artifacts = key.artifact_key();
+        assert_eq!(artifacts.id(), key.id());
+        assert!(!format!("{artifacts:?}").contains(&hex));
+        let fields: [&[u8]; 2] = [b"module", b"code"];
+        let tag = artifacts.tag(&fields);
+        assert_eq!(tag.len(), 64);
+        assert!(artifacts.verify(&fields, &tag));
+        assert_eq!(SecretsKey::parse(&hex).unwrap().artifact_key().tag(&fields), tag);
+        // The same bytes framed otherwise, other bytes, another key, a cut or bad tag.
+        assert!(!artifacts.verify(&[b"modul", b"ecode"], &tag));
+        assert!(!artifacts.verify(&[b"module", b"cod3"], &tag));
+        assert!(!SecretsKey::generate().0.artifact_key().verify(&fields, &tag));
+        for bad in ["", &tag[..62], "zz", &"0".repeat(64)] {
+            assert!(!artifacts.verify(&fields, bad), "{bad:?}");
+        }
+        // The sub-key is not the deployment key: HMAC under the key itself differs.
+        let direct = keyed(&<[u8; 32]>::try_from(hex::decode(&hex).unwrap()).unwrap());
+        let mut direct = direct;
+        for field in fields {
+            direct.update(&(field.len() as u64).to_le_bytes());
+            direct.update(field);
+        }
+        assert_ne!(hex::encode(direct.finalize().into_bytes()), tag);
     }
 
     #[test]

@@ -69,7 +69,7 @@ use crate::{
         self, ClaimCursor, ClaimMode, ClaimedTask, Conn, Connects, QueueError, Role, Store, TaskId,
         Wakeups,
     },
-    sandbox::{ModuleCache, Sandbox, SandboxError},
+    sandbox::{ModuleCache, Sandbox, SandboxError, SharedArtifacts},
 };
 
 pub use guests::Guests;
@@ -165,9 +165,16 @@ impl Worker {
         let store = store.clone();
         let modules = ModuleCache::with_max_bytes(sandbox.clone(), config.module_cache_bytes);
         // Compiled artifacts are shared through the database, read and written on this
-        // (the control) runtime.
-        let control = tokio::runtime::Handle::try_current().ok();
-        modules.share_artifacts(Arc::new(queue::PgArtifacts::new(store.clone(), control)));
+        // (the control) runtime, and only tagged under the deployment key's sub-key: without
+        // a key, the database could hand this runner native code of anyone's making.
+        match &config.secrets_key {
+            Some(key) => {
+                let control = tokio::runtime::Handle::try_current().ok();
+                let store = Arc::new(queue::PgArtifacts::new(store.clone(), control));
+                modules.share_artifacts(SharedArtifacts::new(store, key.artifact_key()));
+            }
+            None => tracing::info!("{}", crate::sandbox::NO_KEY_NO_SHARING),
+        }
         let guests = Guests::start_default()?;
         let capabilities =
             capabilities::CapabilityCache::new(config.secrets_key.clone(), config.capabilities_ttl);

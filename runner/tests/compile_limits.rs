@@ -2,8 +2,9 @@
 //! runs in a child process (`sweep compile-module`) under a CPU and memory budget that grows
 //! with the module's code (a big benign module fits, the bombs do not), what an upload
 //! compiled is the runner's cached module (no second compile at the first run), and what any
-//! runner compiled the fleet loads from the artifact store (checked first; a tampered
-//! artifact is compiled again, not loaded).
+//! runner compiled the fleet loads from the artifact store (its tag under the runners' key
+//! checked first; a tampered or forged artifact is compiled again, not loaded; runners of
+//! another key, or of none, never load it).
 
 #![allow(clippy::unwrap_used)]
 
@@ -18,9 +19,10 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::admin::{AdminConfig, AdminState};
 use sweep::queue::{self, ModuleSettings, PgArtifacts};
 use sweep::sandbox::{
-    sha256_hex, CompileLimits, CompilerKind, ModuleCache, Outcome, Sandbox, SandboxConfig,
-    TaskInput,
+    sha256_hex, ArtifactRefused, CompileLimits, CompilerKind, ModuleCache, Outcome, Sandbox,
+    SandboxConfig, SharedArtifacts, TaskInput,
 };
+use sweep::secrets::SecretsKey;
 use sweep::worker::Worker;
 
 const OP: Option<&str> = Some(OPERATOR);
@@ -36,10 +38,16 @@ fn sandbox_with(compile: CompileLimits, compiler: CompilerKind) -> Sandbox {
 }
 
 fn api_on(db: &Stores, sandbox: Sandbox) -> Api {
+    api_keyed(db, sandbox, None)
+}
+
+/// The admin API alone, with the deployment key `key` (artifacts are shared only with one).
+fn api_keyed(db: &Stores, sandbox: Sandbox, key: Option<&SecretsKey>) -> Api {
     // These tests are about the compile's budgets, not the request's patience: on a loaded
     // machine a compile within its CPU budget can outlast the default 30 s of waiting.
     let config = AdminConfig {
         operator_token: Some(OPERATOR.into()),
+        secrets_key: key.cloned(),
         validation_timeout: Duration::from_secs(300),
         ..AdminConfig::default()
     };
@@ -304,22 +312,42 @@ async fn a_big_benign_module_is_admitted_by_the_default_budget(
     assert_eq!((sandbox.compiles(), stored_modules(&db).await), (1, 1));
 }
 
+/// Each row's recorded sha256 and the sha256 of its bytes.
 async fn artifact_rows(db: &Stores) -> Vec<(String, String)> {
     sqlx::query_as(
-        "select artifact_sha256, encode(sha256(artifact), 'hex') from sweep.compiled_artifacts",
+        "select artifact_sha256, encode(sha256(artifact), 'hex') from sweep.compiled_artifacts
+         order by created_at",
     )
     .fetch_all(&db.pool())
     .await
     .unwrap()
 }
 
+/// The ids of the keys the rows of `sha` were tagged under, in order.
+async fn row_keys(db: &Stores, sha: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "select key_id from sweep.compiled_artifacts where module_sha256 = $1 order by key_id",
+    )
+    .bind(sha)
+    .fetch_all(&db.pool())
+    .await
+    .unwrap()
+}
+
 /// A fresh runner's view: a new sandbox (child compiler) and an empty cache sharing the
-/// fleet's artifacts.
-fn fresh_runner(db: &Stores) -> (Sandbox, ModuleCache) {
+/// fleet's artifacts under `key`.
+fn fresh_runner(db: &Stores, key: &SecretsKey) -> (Sandbox, ModuleCache) {
     let sandbox = sandbox_with(CompileLimits::default(), child());
     let cache = ModuleCache::new(sandbox.clone());
-    assert!(cache.share_artifacts(Arc::new(PgArtifacts::new(db.runner.clone(), None))));
+    let store = Arc::new(PgArtifacts::new(db.runner.clone(), None));
+    assert!(cache.share_artifacts(SharedArtifacts::new(store, key.artifact_key())));
     (sandbox, cache)
+}
+
+/// Runs `module` as a task of type `noop` on `sandbox`.
+async fn runs(sandbox: &Sandbox, module: &sweep::sandbox::CompiledModule) -> Outcome {
+    let input = TaskInput::new("1", "noop", 1, 1, &serde_json::json!({}));
+    sandbox.run(module, &input, &sandbox.config().defaults).await.outcome
 }
 
 async fn registered(db: &Stores, sha256: &str) -> Result<Vec<u8>, String> {
@@ -332,8 +360,9 @@ async fn a_module_compiles_once_per_fleet_and_a_tampered_artifact_is_compiled_ag
     db: PgConnectOptions,
 ) {
     let db = migrated(db).await;
+    let (key, _) = SecretsKey::generate();
     let uploader = sandbox_with(CompileLimits::default(), child());
-    let api = api_on(&db, uploader.clone());
+    let api = api_keyed(&db, uploader.clone(), Some(&key));
     let bytes = module("noop");
     let sha = sha256_hex(&bytes);
     api.put_wasm("/v1/modules/noop", OP, &bytes).await.ok(201);
@@ -341,18 +370,18 @@ async fn a_module_compiles_once_per_fleet_and_a_tampered_artifact_is_compiled_ag
     let rows = artifact_rows(&db).await;
     assert_eq!(rows.len(), 1, "the upload stored its artifact");
     assert_eq!(rows[0].0, rows[0].1, "stored with its own sha256");
+    assert_eq!(row_keys(&db, &sha).await, [key.id()], "tagged under the deployment key");
 
     // Another runner (new sandbox, empty cache) loads it without compiling, and it runs.
-    let (other, cache) = fresh_runner(&db);
+    let (other, cache) = fresh_runner(&db, &key);
     let loaded = cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
     assert_eq!(other.compiles(), 0, "a runner compiled what the fleet had compiled");
     assert_eq!(loaded.sha256(), sha);
-    let input = TaskInput::new("1", "noop", 1, 1, &serde_json::json!({}));
-    let run = other.run(&loaded, &input, &other.config().defaults).await;
-    assert!(matches!(run.outcome, Outcome::Success(_)), "{:?}", run.outcome);
+    let outcome = runs(&other, &loaded).await;
+    assert!(matches!(outcome, Outcome::Success(_)), "{outcome:?}");
     // An upload of the same bytes elsewhere loads it too.
     let second = sandbox_with(CompileLimits::default(), child());
-    let api2 = api_on(&db, second.clone());
+    let api2 = api_keyed(&db, second.clone(), Some(&key));
     api2.put_wasm("/v1/modules/again", OP, &bytes).await.ok(201);
     assert_eq!(second.compiles(), 0);
 
@@ -364,44 +393,181 @@ async fn a_module_compiles_once_per_fleet_and_a_tampered_artifact_is_compiled_ag
         .unwrap();
     let tampered = artifact_rows(&db).await;
     assert_ne!(tampered[0].0, tampered[0].1);
-    let (third, cache) = fresh_runner(&db);
+    let (third, cache) = fresh_runner(&db, &key);
     cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
     assert_eq!(third.compiles(), 1, "a tampered artifact was loaded");
     let rows = artifact_rows(&db).await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].0, rows[0].1, "the sound artifact took the tampered one's place");
 
-    // Bytes and hash rewritten together into something that is no artifact: wasmtime's own
-    // check refuses it, and the runner compiles.
-    sqlx::query(
-        "update sweep.compiled_artifacts set artifact = '\\x0061736d'::bytea,
-                artifact_sha256 = encode(sha256('\\x0061736d'::bytea), 'hex')",
+    // A forgery by a database writer: noop's row given the artifact of another module (one
+    // that traps), a genuine artifact of this engine that wasmtime would load, with its
+    // sha256 rewritten to match and even that module's genuine tag. The tag does not verify
+    // for noop's row, so the sandbox refuses it before anything is deserialized; the runner
+    // compiles noop, runs noop, and the sound artifact takes the row back.
+    let trap = wat(r#"(module (memory (export "memory") 1) (func (export "_start") unreachable))"#);
+    api.put_wasm("/v1/modules/trap", OP, &trap).await.ok(201);
+    let forged = sqlx::query(
+        "update sweep.compiled_artifacts n
+            set artifact = t.artifact, artifact_sha256 = t.artifact_sha256,
+                artifact_mac = t.artifact_mac, module_size = t.module_size
+           from sweep.compiled_artifacts t
+          where n.module_sha256 = $1 and t.module_sha256 = $2",
     )
+    .bind(&sha)
+    .bind(sha256_hex(&trap))
     .execute(&db.pool())
     .await
     .unwrap();
-    let (fourth, cache) = fresh_runner(&db);
+    assert_eq!(forged.rows_affected(), 1);
+    assert!(artifact_rows(&db).await.iter().all(|(recorded, actual)| recorded == actual));
+    let engine = uploader.artifact_engine().to_owned();
+    let row = queue::load_artifact(&db.pool(), &sha, &engine, key.id()).await.unwrap().unwrap();
+    assert!(
+        matches!(uploader.load_artifact(&row, &key.artifact_key()), Err(ArtifactRefused::Mac)),
+        "a consistently rewritten row was not refused for its tag"
+    );
+    let (fourth, cache) = fresh_runner(&db, &key);
+    let loaded = cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
+    assert_eq!(fourth.compiles(), 1, "the forged artifact was loaded");
+    let outcome = runs(&fourth, &loaded).await;
+    assert!(matches!(outcome, Outcome::Success(_)), "the forged code ran: {outcome:?}");
+    let (fifth, cache) = fresh_runner(&db, &key);
     cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
-    assert_eq!(fourth.compiles(), 1);
+    assert_eq!(fifth.compiles(), 0, "the sound artifact did not take the forged one's place");
 
     // An artifact of another engine is never matched: the key includes the fingerprint.
     sqlx::query("update sweep.compiled_artifacts set engine = 'an-older-wasmtime'")
         .execute(&db.pool())
         .await
         .unwrap();
-    let (fifth, cache) = fresh_runner(&db);
+    let (sixth, cache) = fresh_runner(&db, &key);
     cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
-    assert_eq!(fifth.compiles(), 1);
-    assert_eq!(artifact_rows(&db).await.len(), 2, "both engines' artifacts, until pruned");
+    assert_eq!(sixth.compiles(), 1);
+    assert_eq!(artifact_rows(&db).await.len(), 3, "both engines' artifacts, until pruned");
     // Pruning keeps what this engine and the registered modules need.
-    let engine = fifth.artifact_engine().to_owned();
-    let pruned = queue::prune_artifacts(&db.pool(), &engine, Duration::ZERO).await.unwrap();
-    assert_eq!(pruned, 1);
+    let engine = sixth.artifact_engine().to_owned();
+    let pruned =
+        queue::prune_artifacts(&db.pool(), &engine, Some(key.id()), Duration::ZERO).await.unwrap();
+    assert_eq!(pruned, 2);
     let kept: String = sqlx::query_scalar("select engine from sweep.compiled_artifacts")
         .fetch_one(&db.pool())
         .await
         .unwrap();
     assert_eq!(kept, engine);
+}
+
+#[sqlx::test(migrations = false)]
+async fn artifacts_are_shared_only_by_runners_holding_the_same_key(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let (a, _) = SecretsKey::generate();
+    let (b, _) = SecretsKey::generate();
+    let bytes = module("noop");
+    let sha = sha256_hex(&bytes);
+    queue::register_module(&db.pool(), "default", "noop", &sha, &bytes, &ModuleSettings::default())
+        .await
+        .unwrap();
+    let (first, cache) = fresh_runner(&db, &a);
+    cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
+    assert_eq!((first.compiles(), row_keys(&db, &sha).await), (1, vec![a.id().to_owned()]));
+
+    // A runner of another key does not take key a's artifact: it compiles, and stores its
+    // own beside it.
+    let (second, cache) = fresh_runner(&db, &b);
+    cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
+    assert_eq!(second.compiles(), 1, "a runner loaded an artifact tagged under another key");
+    let mut both = vec![a.id().to_owned(), b.id().to_owned()];
+    both.sort();
+    assert_eq!(row_keys(&db, &sha).await, both);
+
+    // Key a's row relabelled as key b's (all else kept): b's tag does not verify; refused,
+    // compiled again, and b's sound artifact takes the row.
+    sqlx::query("delete from sweep.compiled_artifacts where key_id = $1")
+        .bind(b.id())
+        .execute(&db.pool())
+        .await
+        .unwrap();
+    sqlx::query("update sweep.compiled_artifacts set key_id = $1")
+        .bind(b.id())
+        .execute(&db.pool())
+        .await
+        .unwrap();
+    let engine = first.artifact_engine().to_owned();
+    let row = queue::load_artifact(&db.pool(), &sha, &engine, b.id()).await.unwrap().unwrap();
+    assert!(matches!(first.load_artifact(&row, &b.artifact_key()), Err(ArtifactRefused::Mac)));
+    // Straight into the sandbox with key a's row as it was: the id says whose it is.
+    let mut as_written = row.clone();
+    as_written.key_id = a.id().to_owned();
+    assert!(matches!(
+        first.load_artifact(&as_written, &b.artifact_key()),
+        Err(ArtifactRefused::OtherKey { .. })
+    ));
+    assert!(first.load_artifact(&as_written, &a.artifact_key()).is_ok());
+    let (third, cache) = fresh_runner(&db, &b);
+    cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
+    assert_eq!(third.compiles(), 1, "key a's artifact was loaded under key b's id");
+    let (fourth, cache) = fresh_runner(&db, &b);
+    cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
+    assert_eq!(fourth.compiles(), 0, "key b's runners do not share with each other");
+    assert_eq!(row_keys(&db, &sha).await, [b.id()]);
+}
+
+#[sqlx::test(migrations = false)]
+async fn without_a_key_a_runner_compiles_for_itself_and_stores_nothing(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let (key, _) = SecretsKey::generate();
+    let bytes = module("noop");
+    let sha = sha256_hex(&bytes);
+    let keyed = sandbox_with(CompileLimits::default(), child());
+    api_keyed(&db, keyed.clone(), Some(&key))
+        .put_wasm("/v1/modules/noop", OP, &bytes)
+        .await
+        .ok(201);
+    assert_eq!((keyed.compiles(), artifact_rows(&db).await.len()), (1, 1));
+
+    // A runner (the real wiring, `Worker::with_sandbox`) without SWEEP_SECRETS_KEY: no
+    // sharing; the fleet's artifact is there, it compiles anyway, and writes no row.
+    let mut config = unpooled_config(1);
+    config.sandbox.compiler = child();
+    assert!(config.secrets_key.is_none());
+    let worker = Worker::new(&db.runner, config.clone()).unwrap();
+    assert!(worker.modules().shared_artifacts().is_none());
+    let other = functions(3, "nop");
+    let other_sha = sha256_hex(&other);
+    queue::register_module(
+        &db.pool(),
+        "default",
+        "other",
+        &other_sha,
+        &other,
+        &ModuleSettings::default(),
+    )
+    .await
+    .unwrap();
+    for sha in [&sha, &other_sha] {
+        worker.modules().get_or_compile(sha, || registered(&db, sha)).await.unwrap();
+    }
+    assert_eq!(worker.sandbox().compiles(), 2, "a runner without a key loaded an artifact");
+    assert_eq!(artifact_rows(&db).await.len(), 1, "a runner without a key stored an artifact");
+    // The admin API without a key: the same.
+    let alone = sandbox_with(CompileLimits::default(), child());
+    api_keyed(&db, alone.clone(), None).put_wasm("/v1/modules/noop2", OP, &bytes).await.ok(201);
+    assert_eq!(alone.compiles(), 1);
+    assert_eq!(artifact_rows(&db).await.len(), 1);
+
+    // With the key, the same wiring shares: it loads the upload's artifact.
+    config.secrets_key = Some(key.clone());
+    let worker = Worker::new(&db.runner, config).unwrap();
+    let shared = worker.modules().shared_artifacts().unwrap();
+    assert_eq!(shared.key().id(), key.id());
+    worker.modules().get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
+    assert_eq!(worker.sandbox().compiles(), 0);
 }
 
 /// Compile and load-from-store times of a big module (`SWEEP_BIG_MODULE`: a path, e.g. a
@@ -420,12 +586,13 @@ async fn measure_compile_against_load_from_the_store(_: PgPoolOptions, db: PgCon
     queue::register_module(&db.pool(), "default", "big", &sha, &bytes, &ModuleSettings::default())
         .await
         .unwrap();
-    let (first, cache) = fresh_runner(&db);
+    let (key, _) = SecretsKey::generate();
+    let (first, cache) = fresh_runner(&db, &key);
     let started = std::time::Instant::now();
     cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
     let compiled_in = started.elapsed();
     assert_eq!(first.compiles(), 1);
-    let (second, cache) = fresh_runner(&db);
+    let (second, cache) = fresh_runner(&db, &key);
     let started = std::time::Instant::now();
     let loaded = cache.get_or_compile(&sha, || registered(&db, &sha)).await.unwrap();
     let loaded_in = started.elapsed();

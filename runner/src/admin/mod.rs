@@ -67,7 +67,7 @@ pub use openapi::{document, document_json};
 pub use params::{EffectiveLimits, MAX_BACKOFF_MS};
 
 use crate::queue::{Role, Store};
-use crate::sandbox::{ArtifactStore, ModuleCache, Sandbox};
+use crate::sandbox::{ModuleCache, Sandbox, SharedArtifacts};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -104,8 +104,9 @@ struct Inner {
     /// compiled module goes there, so its first task does not compile it again.
     modules: Option<ModuleCache>,
     /// The fleet's compiled artifacts: an upload loads a module's from there when another
-    /// runner compiled it, and stores what it compiled.
-    artifacts: Arc<dyn ArtifactStore>,
+    /// runner compiled it, and stores what it compiled. None without `SWEEP_SECRETS_KEY`
+    /// (`AdminConfig::secrets_key`): artifacts are shared only tagged under its sub-key.
+    artifacts: Option<SharedArtifacts>,
     /// Task ends, for `GET /v1/tasks/{id}?wait=` (one LISTEN, started at the first wait).
     ends: wait::Ends,
 }
@@ -163,8 +164,19 @@ impl AdminState {
         };
         let operator_token_hash = config.operator_token.as_deref().map(auth::hash_token);
         let validation_slots = Arc::new(Semaphore::new(config.max_concurrent_validations));
-        let artifacts: Arc<dyn ArtifactStore> =
-            Arc::new(crate::queue::PgArtifacts::new(store.clone(), None));
+        let artifacts = match &config.secrets_key {
+            Some(key) => Some(SharedArtifacts::new(
+                Arc::new(crate::queue::PgArtifacts::new(store.clone(), None)),
+                key.artifact_key(),
+            )),
+            None => {
+                // Next to a runner, the runner says so (once per process).
+                if modules.is_none() {
+                    tracing::info!("{}", crate::sandbox::NO_KEY_NO_SHARING);
+                }
+                None
+            }
+        };
         Ok(AdminState {
             inner: Arc::new(Inner {
                 store,
@@ -219,9 +231,9 @@ impl AdminState {
         self.inner.modules.as_ref()
     }
 
-    /// The fleet's compiled artifacts.
-    pub(crate) fn artifacts(&self) -> &Arc<dyn ArtifactStore> {
-        &self.inner.artifacts
+    /// The fleet's compiled artifacts, when they are shared (with a secrets key).
+    pub(crate) fn artifacts(&self) -> Option<&SharedArtifacts> {
+        self.inner.artifacts.as_ref()
     }
 }
 

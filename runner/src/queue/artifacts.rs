@@ -1,6 +1,6 @@
 //! The fleet's compiled artifacts (`sweep.compiled_artifacts`, migration 0006): what a compile
-//! child made of a module, keyed by the module's sha256 and the engine fingerprint, so every
-//! runner loads what one compiled.
+//! child made of a module, keyed by the module's sha256, the engine fingerprint and the id of
+//! the deployment key that tagged it, so every runner of that key loads what one compiled.
 //!
 //! Owns: the statements on that table and [`PgArtifacts`], the sandbox's `ArtifactStore` over
 //! a [`Store`].
@@ -8,12 +8,13 @@
 //! Invariants:
 //! - a row is written once per key (`on conflict do nothing`: the first writer wins; equal
 //!   keys compile to equal artifacts) and only from an artifact a compile child wrote
-//!   (`sandbox::Sandbox::compile_sharing`); nothing here checks or loads an artifact, the
-//!   sandbox does (`Sandbox::load_artifact`);
+//!   (`sandbox::Sandbox::compile_sharing`), with its tag; nothing here checks, tags or loads
+//!   an artifact, the sandbox does (`Sandbox::load_artifact`, which trusts no row);
 //! - a row is removed when the sandbox refused it (only if it still holds the refused
-//!   hash), when no registered module has its sha256 any more, or when its engine is not the
-//!   pruning runner's and it is older than the retention given ([`prune_artifacts`]): after
-//!   an engine upgrade, the old engine's rows outlive a rolling deploy, then go;
+//!   hash and tag), when no registered module has its sha256 any more, or when its engine or
+//!   key is not the pruning runner's and it is older than the retention given
+//!   ([`prune_artifacts`]): after an engine upgrade (or a new key), the old rows outlive a
+//!   rolling deploy, then go;
 //! - with a runtime handle, every statement runs on that runtime (the runner's control
 //!   runtime: no connection is driven by the threads guests keep busy).
 
@@ -26,15 +27,21 @@ use sqlx::PgExecutor;
 use super::{sql_millis, QueueError, Store};
 use crate::sandbox::{Artifact, ArtifactStore, BoxError, HandlerKind};
 
-/// The artifact of `module_sha256` made by `engine`, as stored (unchecked).
+/// The artifact of `module_sha256` made by `engine` and tagged under key `key_id`, as stored
+/// (unchecked).
 pub async fn load_artifact<'c, E: PgExecutor<'c>>(
     executor: E,
     module_sha256: &str,
     engine: &str,
+    key_id: &str,
 ) -> Result<Option<Artifact>, QueueError> {
-    let row: Option<(String, i64, Vec<u8>, String)> =
-        sqlx::query_as(LOAD).bind(module_sha256).bind(engine).fetch_optional(executor).await?;
-    let Some((kind, module_size, bytes, sha256)) = row else { return Ok(None) };
+    let row: Option<(String, i64, Vec<u8>, String, String)> = sqlx::query_as(LOAD)
+        .bind(module_sha256)
+        .bind(engine)
+        .bind(key_id)
+        .fetch_optional(executor)
+        .await?;
+    let Some((kind, module_size, bytes, sha256, mac)) = row else { return Ok(None) };
     let kind = match kind.as_str() {
         "module" => HandlerKind::Module,
         "component" => HandlerKind::Component,
@@ -47,6 +54,8 @@ pub async fn load_artifact<'c, E: PgExecutor<'c>>(
         module_size: u64::try_from(module_size).unwrap_or(0),
         bytes: Bytes::from(bytes),
         sha256,
+        key_id: key_id.to_owned(),
+        mac,
     }))
 }
 
@@ -62,37 +71,42 @@ pub async fn save_artifact<'c, E: PgExecutor<'c>>(
         .bind(i64::try_from(artifact.module_size).unwrap_or(i64::MAX))
         .bind(&artifact.bytes[..])
         .bind(&artifact.sha256)
+        .bind(&artifact.key_id)
+        .bind(&artifact.mac)
         .execute(executor)
         .await?;
     Ok(done.rows_affected() == 1)
 }
 
-/// Removes the artifact under `(module_sha256, engine)` if it still records `artifact_sha256`.
+/// Removes the row `refused` was read from if it still records `refused`'s hash and tag.
 pub async fn discard_artifact<'c, E: PgExecutor<'c>>(
     executor: E,
-    module_sha256: &str,
-    engine: &str,
-    artifact_sha256: &str,
+    refused: &Artifact,
 ) -> Result<bool, QueueError> {
     let done = sqlx::query(DISCARD)
-        .bind(module_sha256)
-        .bind(engine)
-        .bind(artifact_sha256)
+        .bind(&refused.module_sha256)
+        .bind(&refused.engine)
+        .bind(&refused.key_id)
+        .bind(&refused.sha256)
+        .bind(&refused.mac)
         .execute(executor)
         .await?;
     Ok(done.rows_affected() == 1)
 }
 
 /// Deletes the artifacts no registered module needs, and those of engines other than `engine`
-/// written more than `other_engines_after` ago. Returns how many went.
+/// or (given a `key_id`) of other keys, written more than `others_after` ago. Returns how many
+/// went.
 pub async fn prune_artifacts<'c, E: PgExecutor<'c>>(
     executor: E,
     engine: &str,
-    other_engines_after: Duration,
+    key_id: Option<&str>,
+    others_after: Duration,
 ) -> Result<u64, QueueError> {
     let done = sqlx::query(PRUNE)
         .bind(engine)
-        .bind(sql_millis(other_engines_after))
+        .bind(sql_millis(others_after))
+        .bind(key_id)
         .execute(executor)
         .await?;
     Ok(done.rows_affected())
@@ -137,9 +151,10 @@ impl ArtifactStore for PgArtifacts {
         &self,
         module_sha256: String,
         engine: String,
+        key_id: String,
     ) -> BoxFuture<'static, Result<Option<Artifact>, BoxError>> {
         let store = self.store.clone();
-        self.run(async move { load_artifact(&store, &module_sha256, &engine).await })
+        self.run(async move { load_artifact(&store, &module_sha256, &engine, &key_id).await })
     }
 
     fn save(&self, artifact: Artifact) -> BoxFuture<'static, Result<bool, BoxError>> {
@@ -147,40 +162,36 @@ impl ArtifactStore for PgArtifacts {
         self.run(async move { save_artifact(&store, &artifact).await })
     }
 
-    fn discard(
-        &self,
-        module_sha256: String,
-        engine: String,
-        artifact_sha256: String,
-    ) -> BoxFuture<'static, Result<(), BoxError>> {
+    fn discard(&self, refused: Artifact) -> BoxFuture<'static, Result<(), BoxError>> {
         let store = self.store.clone();
-        self.run(async move {
-            discard_artifact(&store, &module_sha256, &engine, &artifact_sha256).await.map(|_| ())
-        })
+        self.run(async move { discard_artifact(&store, &refused).await.map(|_| ()) })
     }
 }
 
 const LOAD: &str = r#"
-    select kind, module_size, artifact, artifact_sha256
+    select kind, module_size, artifact, artifact_sha256, artifact_mac
     from sweep.compiled_artifacts
-    where module_sha256 = $1 and engine = $2
+    where module_sha256 = $1 and engine = $2 and key_id = $3
 "#;
 
 const SAVE: &str = r#"
     insert into sweep.compiled_artifacts
-        (module_sha256, engine, kind, module_size, artifact, artifact_sha256)
-    values ($1, $2, $3, $4, $5, $6)
-    on conflict (module_sha256, engine) do nothing
+        (module_sha256, engine, kind, module_size, artifact, artifact_sha256, key_id,
+         artifact_mac)
+    values ($1, $2, $3, $4, $5, $6, $7, $8)
+    on conflict (module_sha256, engine, key_id) do nothing
 "#;
 
 const DISCARD: &str = r#"
     delete from sweep.compiled_artifacts
-    where module_sha256 = $1 and engine = $2 and artifact_sha256 = $3
+    where module_sha256 = $1 and engine = $2 and key_id = $3
+      and artifact_sha256 = $4 and artifact_mac = $5
 "#;
 
 const PRUNE: &str = r#"
     delete from sweep.compiled_artifacts a
-    where (a.engine <> $1 and a.created_at < now() - make_interval(secs => $2::float8 / 1000))
+    where ((a.engine <> $1 or a.key_id <> $3::text)
+           and a.created_at < now() - make_interval(secs => $2::float8 / 1000))
        or not exists (select 1 from sweep.modules m where m.sha256 = a.module_sha256)
 "#;
 

@@ -4,26 +4,38 @@
 //!
 //! Owns: [`ArtifactStore`] (where artifacts are kept: Postgres in `sweep`, see
 //! `queue::PgArtifacts`; the sandbox knows nothing of it), [`Artifact`], the engine
-//! fingerprint artifacts are keyed by, and the two ends: [`Sandbox::compile_sharing`]
-//! (compile, keep the child's artifact) and [`Sandbox::load_artifact`] (check, then load).
+//! fingerprint artifacts are keyed by, the tag that authenticates them, and the two ends:
+//! [`Sandbox::compile_sharing`] (compile, tag the child's artifact) and
+//! [`Sandbox::load_artifact`] (check, then load), which [`SharedArtifacts`] puts together.
 //!
 //! Invariants:
-//! - an artifact is keyed by the module's sha256 and the fingerprint of the engine that made
+//! - an artifact is keyed by the module's sha256, the fingerprint of the engine that made
 //!   it ([`Sandbox::artifact_engine`]: a SHA-256 of wasmtime's
 //!   `Engine::precompile_compatibility_hash` for the compile child's settings, which covers
-//!   the wasmtime version, target, CPU features, compiler flags, tunables and wasm features).
-//!   Another wasmtime or other settings give another fingerprint, so an engine upgrade never
-//!   reads an old artifact: it compiles and stores its own;
-//! - only artifacts a compile child wrote are offered to a store (an in-process compile has
-//!   none), and an artifact is loaded only when its bytes hash to the sha256 stored with them,
-//!   its engine is this sandbox's, and its kind is the one it was stored as; anything else is
+//!   the wasmtime version, target, CPU features, compiler flags, tunables and wasm features)
+//!   and the id of the key that tagged it. Another wasmtime or other settings give another
+//!   fingerprint, so an engine upgrade never reads an old artifact: it compiles and stores
+//!   its own; runners of another deployment key never read each other's;
+//! - the store is not trusted: whoever can write it can write any bytes and any hash. Every
+//!   artifact offered to it carries a tag, HMAC-SHA256 under the runners' [`ArtifactKey`] (a
+//!   sub-key of `SWEEP_SECRETS_KEY`, which the database never holds) of the module's sha256,
+//!   the engine fingerprint, the kind, the module's size and the artifact's bytes; only
+//!   artifacts a compile child wrote are tagged (an in-process compile has none);
+//! - an artifact is loaded only when its engine is this sandbox's, its key id is the key's
+//!   and its tag verifies (in constant time) over what was read; anything else is
 //!   [`ArtifactRefused`], never deserialized (the safety argument is at
-//!   `compiler::load_artifact`, the one `unsafe` call);
+//!   `compiler::load_artifact`, the one `unsafe` call). The tag covers the bytes, so it also
+//!   catches what the plain sha256 recorded with them was for: bytes changed or cut short on
+//!   the way (that sha256 is kept to tell such damage from a forgery, and to name a row);
+//! - without a key there is no sharing: a runner (or admin API) whose deployment has no
+//!   `SWEEP_SECRETS_KEY` builds no [`SharedArtifacts`], so it neither loads nor stores
+//!   artifacts and compiles for itself;
 //! - a store that fails (unreachable, refused) only costs the sharing: the caller compiles,
 //!   as it would without a store.
 
 use std::fmt;
 use std::hash::Hasher;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -33,6 +45,10 @@ use wasmtime::Engine;
 use super::compiler;
 use super::module::{self, sha256_hex, CompiledModule, HandlerKind, ValidationError};
 use super::{BoxError, Sandbox};
+use crate::secrets::ArtifactKey;
+
+/// The first field of every artifact tag: what the tag is of, and its layout's version.
+const TAG_DOMAIN: &[u8] = b"sweep compiled artifact v1";
 
 /// A compiled handler as the store keeps it.
 #[derive(Clone, PartialEq, Eq)]
@@ -49,6 +65,49 @@ pub struct Artifact {
     pub bytes: Bytes,
     /// Hex SHA-256 of `bytes`, computed when the child's output was read.
     pub sha256: String,
+    /// The id of the key that tagged it ([`ArtifactKey::id`]).
+    pub key_id: String,
+    /// Hex HMAC-SHA256 under that key of the module sha256, engine, kind, module size and
+    /// bytes ([`Artifact::tag_fields`]).
+    pub mac: String,
+}
+
+impl Artifact {
+    /// The artifact `bytes` a compile child wrote for a module, tagged under `key`.
+    fn tagged(
+        module: &CompiledModule,
+        engine: &str,
+        module_size: u64,
+        bytes: Vec<u8>,
+        key: &ArtifactKey,
+    ) -> Artifact {
+        let mut artifact = Artifact {
+            module_sha256: module.sha256().to_owned(),
+            engine: engine.to_owned(),
+            kind: module.kind(),
+            module_size,
+            sha256: sha256_hex(&bytes),
+            bytes: Bytes::from(bytes),
+            key_id: key.id().to_owned(),
+            mac: String::new(),
+        };
+        let size = module_size.to_le_bytes();
+        artifact.mac = key.tag(&artifact.tag_fields(&size));
+        artifact
+    }
+
+    /// What the tag is computed over, each field framed by its length (`ArtifactKey::tag`).
+    /// `size` holds the module size's bytes.
+    fn tag_fields<'a>(&'a self, size: &'a [u8; 8]) -> [&'a [u8]; 6] {
+        [
+            TAG_DOMAIN,
+            self.module_sha256.as_bytes(),
+            self.engine.as_bytes(),
+            self.kind.as_str().as_bytes(),
+            size,
+            &self.bytes,
+        ]
+    }
 }
 
 impl fmt::Debug for Artifact {
@@ -59,33 +118,31 @@ impl fmt::Debug for Artifact {
             .field("kind", &self.kind)
             .field("bytes", &self.bytes.len())
             .field("sha256", &self.sha256)
-            .finish()
+            .field("key_id", &self.key_id)
+            .finish_non_exhaustive()
     }
 }
 
 /// Where artifacts are shared between runners. Implementations only move bytes; every check
 /// is the sandbox's ([`Sandbox::load_artifact`]).
 pub trait ArtifactStore: fmt::Debug + Send + Sync {
-    /// The artifact of `module_sha256` made by `engine`, if one is stored.
+    /// The artifact of `module_sha256` made by `engine` and tagged under key `key_id`, if one
+    /// is stored.
     fn load(
         &self,
         module_sha256: String,
         engine: String,
+        key_id: String,
     ) -> BoxFuture<'static, Result<Option<Artifact>, BoxError>>;
 
     /// Stores `artifact` unless one is stored under its key already (the first writer wins);
     /// true when this one was stored.
     fn save(&self, artifact: Artifact) -> BoxFuture<'static, Result<bool, BoxError>>;
 
-    /// Removes the artifact under `(module_sha256, engine)` if its stored hash is
-    /// `artifact_sha256` (one found unsound, so the next compile's artifact can take its
-    /// place; a sound one written meanwhile is left alone).
-    fn discard(
-        &self,
-        module_sha256: String,
-        engine: String,
-        artifact_sha256: String,
-    ) -> BoxFuture<'static, Result<(), BoxError>>;
+    /// Removes the artifact under `refused`'s key if it still holds `refused`'s hash and tag
+    /// (one found unsound, so the next compile's artifact can take its place; a sound one
+    /// written meanwhile is left alone).
+    fn discard(&self, refused: Artifact) -> BoxFuture<'static, Result<(), BoxError>>;
 }
 
 /// Why a stored artifact was not loaded.
@@ -100,7 +157,16 @@ pub enum ArtifactRefused {
         /// The artifact's.
         found: String,
     },
-    /// Its bytes do not hash to the sha256 stored with them: changed since they were written.
+    /// Tagged under another deployment key (the store answered for another key).
+    #[error("the artifact was tagged under key {found}, this runner's is {expected}")]
+    OtherKey {
+        /// This runner's key id.
+        expected: String,
+        /// The artifact's.
+        found: String,
+    },
+    /// Its tag does not verify and its bytes do not hash to the sha256 stored with them:
+    /// changed since they were written.
     #[error("the artifact's bytes hash to {actual}, its record says {expected}")]
     Hash {
         /// The stored hash.
@@ -108,6 +174,10 @@ pub enum ArtifactRefused {
         /// The hash of the bytes read.
         actual: String,
     },
+    /// Its tag does not verify under this runner's key though its bytes match their sha256:
+    /// not what a runner holding the key stored (written or rewritten by something else).
+    #[error("the artifact's tag does not verify under this runner's key; it was not stored by a runner of this deployment")]
+    Mac,
     /// wasmtime refused it (header, version or kind).
     #[error("wasmtime refused the artifact")]
     Deserialize(#[source] BoxError),
@@ -148,41 +218,61 @@ impl Sandbox {
     }
 
     /// [`Sandbox::compile`] (or [`Sandbox::compile_for`], with a memory limit) that also
-    /// returns the compile child's artifact, keyed for an [`ArtifactStore`]; `None` when the
-    /// module was compiled in process. Blocking: call it from a blocking context.
+    /// returns the compile child's artifact, keyed for an [`ArtifactStore`] and tagged under
+    /// `key`; `None` when the module was compiled in process or no key was given. Blocking:
+    /// call it from a blocking context.
     pub fn compile_sharing(
         &self,
         bytes: &[u8],
         memory_limit_bytes: Option<u64>,
+        key: Option<&ArtifactKey>,
     ) -> Result<(CompiledModule, Option<Artifact>), ValidationError> {
         if let Some(limit) = memory_limit_bytes {
             module::check_initial_memory(bytes, limit)?;
         }
         let (compiled, artifact) = self.prepare_with_artifact(bytes)?;
-        let artifact = artifact.map(|artifact| Artifact {
-            module_sha256: compiled.sha256().to_owned(),
-            engine: self.artifact_engine().to_owned(),
-            kind: compiled.kind(),
-            module_size: bytes.len() as u64,
-            sha256: sha256_hex(&artifact),
-            bytes: Bytes::from(artifact),
-        });
+        let artifact = match (artifact, key) {
+            (Some(artifact), Some(key)) => Some(Artifact::tagged(
+                &compiled,
+                self.artifact_engine(),
+                bytes.len() as u64,
+                artifact,
+                key,
+            )),
+            _ => None,
+        };
         Ok((compiled, artifact))
     }
 
     /// Loads a stored artifact without compiling: refused, before anything is deserialized,
-    /// unless its engine is this sandbox's and its bytes hash to its recorded sha256.
-    /// Blocking (wasmtime copies and maps the image): call it from a blocking context.
-    pub fn load_artifact(&self, artifact: &Artifact) -> Result<CompiledModule, ArtifactRefused> {
+    /// unless its engine is this sandbox's and its tag verifies under `key` over everything
+    /// read. Blocking (the tag reads every byte; wasmtime copies and maps the image): call it
+    /// from a blocking context.
+    pub fn load_artifact(
+        &self,
+        artifact: &Artifact,
+        key: &ArtifactKey,
+    ) -> Result<CompiledModule, ArtifactRefused> {
         if artifact.engine != self.artifact_engine() {
             return Err(ArtifactRefused::Engine {
                 expected: self.artifact_engine().to_owned(),
                 found: artifact.engine.clone(),
             });
         }
-        let actual = sha256_hex(&artifact.bytes);
-        if actual != artifact.sha256 {
-            return Err(ArtifactRefused::Hash { expected: artifact.sha256.clone(), actual });
+        if artifact.key_id != key.id() {
+            return Err(ArtifactRefused::OtherKey {
+                expected: key.id().to_owned(),
+                found: artifact.key_id.clone(),
+            });
+        }
+        let size = artifact.module_size.to_le_bytes();
+        if !key.verify(&artifact.tag_fields(&size), &artifact.mac) {
+            // Only to say which: damage on the way, or a row written by something else.
+            let actual = sha256_hex(&artifact.bytes);
+            if actual != artifact.sha256 {
+                return Err(ArtifactRefused::Hash { expected: artifact.sha256.clone(), actual });
+            }
+            return Err(ArtifactRefused::Mac);
         }
         let component = artifact.kind == HandlerKind::Component;
         let compiled = compiler::load_artifact(self.engine(), &artifact.bytes, component)
@@ -195,65 +285,163 @@ impl Sandbox {
     }
 }
 
-/// The compiled module for `sha256` from `store`, when it holds a sound artifact for this
-/// sandbox's engine. One it holds that is refused is discarded (so the caller's compile can
-/// store a sound one) and `None` returned, as for a miss or a store that failed: the caller
-/// compiles.
-pub async fn load_shared(
-    sandbox: &Sandbox,
-    store: &dyn ArtifactStore,
-    sha256: &str,
-) -> Option<CompiledModule> {
-    let engine = sandbox.artifact_engine().to_owned();
-    let artifact = match store.load(sha256.to_owned(), engine.clone()).await {
-        Ok(Some(artifact)) => artifact,
-        Ok(None) => return None,
-        Err(e) => {
-            tracing::warn!(%sha256, error = %e, "reading the artifact store failed; compiling");
-            return None;
-        }
-    };
-    let started = std::time::Instant::now();
-    let loader = sandbox.clone();
-    let stored_hash = artifact.sha256.clone();
-    let loaded = tokio::task::spawn_blocking(move || loader.load_artifact(&artifact)).await;
-    match loaded {
-        Ok(Ok(compiled)) => {
-            let ms = started.elapsed().as_millis() as u64;
-            tracing::info!(%sha256, ms, "module loaded from the artifact store");
-            metrics::counter!(crate::metrics::MODULE_ARTIFACT_LOADS).increment(1);
-            Some(compiled)
-        }
-        Ok(Err(refused)) => {
-            tracing::warn!(%sha256, error = %crate::errors::error_chain(&refused),
-                "stored artifact refused; compiling the module again");
-            metrics::counter!(crate::metrics::MODULE_ARTIFACTS_REFUSED).increment(1);
-            if let Err(e) = store.discard(sha256.to_owned(), engine, stored_hash).await {
-                tracing::warn!(%sha256, error = %e, "discarding the refused artifact failed");
+/// Sharing compiled artifacts: a store and the key that tags and checks what goes through
+/// it. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SharedArtifacts {
+    store: Arc<dyn ArtifactStore>,
+    key: ArtifactKey,
+}
+
+impl SharedArtifacts {
+    /// Artifacts kept in `store`, tagged and checked with `key`.
+    pub fn new(store: Arc<dyn ArtifactStore>, key: ArtifactKey) -> Self {
+        SharedArtifacts { store, key }
+    }
+
+    /// The key artifacts are tagged with (pass it to [`Sandbox::compile_sharing`]).
+    pub fn key(&self) -> &ArtifactKey {
+        &self.key
+    }
+
+    /// The compiled module for `sha256`, when the store holds a sound artifact for
+    /// `sandbox`'s engine and this key. One it holds that is refused is discarded (so the
+    /// caller's compile can store a sound one) and `None` returned, as for a miss or a store
+    /// that failed: the caller compiles.
+    pub async fn load(&self, sandbox: &Sandbox, sha256: &str) -> Option<CompiledModule> {
+        let engine = sandbox.artifact_engine().to_owned();
+        let key_id = self.key.id().to_owned();
+        let artifact = match self.store.load(sha256.to_owned(), engine, key_id).await {
+            Ok(Some(artifact)) => artifact,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(%sha256, error = %e, "reading the artifact store failed; compiling");
+                return None;
             }
-            None
+        };
+        let started = std::time::Instant::now();
+        let (loader, key, read) = (sandbox.clone(), self.key.clone(), artifact.clone());
+        let loaded = tokio::task::spawn_blocking(move || loader.load_artifact(&read, &key)).await;
+        match loaded {
+            Ok(Ok(compiled)) => {
+                let ms = started.elapsed().as_millis() as u64;
+                tracing::info!(%sha256, ms, "module loaded from the artifact store");
+                metrics::counter!(crate::metrics::MODULE_ARTIFACT_LOADS).increment(1);
+                Some(compiled)
+            }
+            Ok(Err(refused)) => {
+                tracing::warn!(%sha256, error = %crate::errors::error_chain(&refused),
+                    "stored artifact refused; compiling the module again");
+                metrics::counter!(crate::metrics::MODULE_ARTIFACTS_REFUSED).increment(1);
+                if let Err(e) = self.store.discard(artifact).await {
+                    tracing::warn!(%sha256, error = %e, "discarding the refused artifact failed");
+                }
+                None
+            }
+            Err(join) => {
+                tracing::warn!(%sha256, error = %join, "loading the stored artifact did not finish");
+                None
+            }
         }
-        Err(join) => {
-            tracing::warn!(%sha256, error = %join, "loading the stored artifact did not finish");
-            None
+    }
+
+    /// Offers `artifact` to the store (first writer wins); a failure is logged, not returned:
+    /// it only costs another runner a compile.
+    pub async fn save(&self, artifact: Artifact) {
+        let (sha256, size) = (artifact.module_sha256.clone(), artifact.bytes.len());
+        match self.store.save(artifact).await {
+            Ok(stored) => tracing::debug!(%sha256, size, stored, "artifact offered to the store"),
+            Err(e) => tracing::warn!(%sha256, error = %e, "storing the compiled artifact failed"),
         }
     }
 }
 
-/// Offers `artifact` to `store` (first writer wins); a failure is logged, not returned: it
-/// only costs another runner a compile.
-pub async fn save_shared(store: &dyn ArtifactStore, artifact: Artifact) {
-    let (sha256, size) = (artifact.module_sha256.clone(), artifact.bytes.len());
-    match store.save(artifact).await {
-        Ok(stored) => tracing::debug!(%sha256, size, stored, "artifact offered to the store"),
-        Err(e) => tracing::warn!(%sha256, error = %e, "storing the compiled artifact failed"),
-    }
-}
+/// Logged once by a runner or admin API started without `SWEEP_SECRETS_KEY`.
+pub const NO_KEY_NO_SHARING: &str = "compiled modules are not shared with the fleet: sharing \
+    needs SWEEP_SECRETS_KEY (artifacts are authenticated under a key derived from it); this \
+    process compiles every module it runs for itself";
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::sandbox::SandboxConfig;
+    use crate::secrets::SecretsKey;
+
+    const NOOP: &str = r#"(module (memory (export "memory") 1) (func (export "_start")))"#;
+    const TRAP: &str =
+        r#"(module (memory (export "memory") 1) (func (export "_start") unreachable))"#;
+
+    /// What a compile child would write for `wat`, tagged under `key` as `compile_sharing`
+    /// tags it (the lib tests have no `sweep` binary to run the child).
+    fn tagged(sandbox: &Sandbox, key: &ArtifactKey, wat: &str) -> Artifact {
+        let module = wat::parse_str(wat).unwrap();
+        let child = Engine::new(&super::super::engine::base_config()).unwrap();
+        let bytes = child.precompile_module(&module).unwrap();
+        let compiled = sandbox.compile(&module).unwrap();
+        Artifact::tagged(&compiled, sandbox.artifact_engine(), module.len() as u64, bytes, key)
+    }
+
+    #[test]
+    fn only_an_artifact_whose_tag_verifies_under_the_key_is_loaded() {
+        let sandbox =
+            Sandbox::new(SandboxConfig { pooling: false, ..SandboxConfig::default() }).unwrap();
+        let (deployment, _) = SecretsKey::generate();
+        let key = deployment.artifact_key();
+        let noop = tagged(&sandbox, &key, NOOP);
+        let loaded = sandbox.load_artifact(&noop, &key).unwrap();
+        assert_eq!(loaded.sha256(), noop.module_sha256);
+
+        let refused = |artifact: &Artifact, key: &ArtifactKey| {
+            sandbox.load_artifact(artifact, key).map(|_| ()).unwrap_err()
+        };
+        // Damage: bytes changed, recorded hash kept.
+        let mut damaged = noop.clone();
+        let mut bytes = damaged.bytes.to_vec();
+        bytes[200] ^= 0xff;
+        damaged.bytes = Bytes::from(bytes);
+        assert!(matches!(refused(&damaged, &key), ArtifactRefused::Hash { .. }));
+        // Forgery: another module's genuine artifact with its hash (and its own valid tag)
+        // under noop's name; any one field of the row rewritten; no tag or a cut one.
+        let trap = tagged(&sandbox, &key, TRAP);
+        assert!(sandbox.load_artifact(&trap, &key).is_ok());
+        let mut forged = trap.clone();
+        forged.module_sha256 = noop.module_sha256.clone();
+        assert!(matches!(refused(&forged, &key), ArtifactRefused::Mac));
+        let mut forged = noop.clone();
+        (forged.bytes, forged.sha256) = (trap.bytes.clone(), trap.sha256.clone());
+        assert!(matches!(refused(&forged, &key), ArtifactRefused::Mac));
+        let mut forged = noop.clone();
+        forged.module_size += 1;
+        assert!(matches!(refused(&forged, &key), ArtifactRefused::Mac));
+        let mut forged = noop.clone();
+        forged.kind = HandlerKind::Component;
+        assert!(matches!(refused(&forged, &key), ArtifactRefused::Mac));
+        for mac in [String::new(), noop.mac[..62].to_owned(), "00".repeat(32)] {
+            let forged = Artifact { mac, ..noop.clone() };
+            assert!(matches!(refused(&forged, &key), ArtifactRefused::Mac));
+        }
+        // Another deployment's key: its id is not ours; claiming ours, its tag fails.
+        let (theirs, _) = SecretsKey::generate();
+        let other = tagged(&sandbox, &theirs.artifact_key(), NOOP);
+        assert!(matches!(refused(&other, &key), ArtifactRefused::OtherKey { .. }));
+        let relabelled = Artifact { key_id: key.id().to_owned(), ..other };
+        assert!(matches!(refused(&relabelled, &key), ArtifactRefused::Mac));
+        // Another engine.
+        let older = Artifact { engine: "an-older-wasmtime".into(), ..noop.clone() };
+        assert!(matches!(refused(&older, &key), ArtifactRefused::Engine { .. }));
+    }
+
+    #[test]
+    fn nothing_is_tagged_for_sharing_without_a_key_or_a_child() {
+        let sandbox =
+            Sandbox::new(SandboxConfig { pooling: false, ..SandboxConfig::default() }).unwrap();
+        let key = SecretsKey::generate().0.artifact_key();
+        let module = wat::parse_str(NOOP).unwrap();
+        // In process: there is no child artifact to share, key or not.
+        assert!(sandbox.compile_sharing(&module, None, Some(&key)).unwrap().1.is_none());
+        assert!(sandbox.compile_sharing(&module, None, None).unwrap().1.is_none());
+    }
 
     #[test]
     fn the_fingerprint_is_stable_and_follows_the_settings() {

@@ -9,10 +9,11 @@
 //!   share its result, error included; a failed load/compile leaves no entry behind, so a
 //!   later call tries again;
 //! - compilation runs on tokio's blocking pool, never on an async worker thread;
-//! - with an artifact store ([`ModuleCache::share_artifacts`]), a miss first asks the store
-//!   for the module's artifact (no module bytes read, no compile when it has a sound one),
-//!   and a compile's artifact is offered to it before the entry is published (see
-//!   `artifacts`);
+//! - with shared artifacts ([`ModuleCache::share_artifacts`]: a store and the runners' key),
+//!   a miss first asks the store for the module's artifact (no module bytes read, no compile
+//!   when it has a sound one), and a compile's tagged artifact is offered to it before the
+//!   entry is published (see `artifacts`); without (no `SWEEP_SECRETS_KEY`), every miss
+//!   compiles and nothing is stored;
 //! - the entries' summed weight stays within the bound given at construction: past it, the
 //!   least likely to be used again are evicted (moka's TinyLFU admission and LRU eviction).
 //!   Eviction is applied by moka's housekeeping, which runs as the cache is used, so the
@@ -27,7 +28,7 @@ use std::sync::{Arc, OnceLock};
 
 use moka::future::Cache;
 
-use super::artifacts::{load_shared, save_shared, ArtifactStore};
+use super::artifacts::SharedArtifacts;
 use super::module::{sha256_hex, CompiledModule};
 use super::{BoxError, Sandbox, SandboxError};
 
@@ -40,8 +41,8 @@ pub struct ModuleCache {
     sandbox: Sandbox,
     entries: Cache<String, Arc<CompiledModule>>,
     max_bytes: u64,
-    /// Where compiled artifacts are shared with other runners, once set.
-    artifacts: Arc<OnceLock<Arc<dyn ArtifactStore>>>,
+    /// Where and under which key compiled artifacts are shared with other runners, once set.
+    artifacts: Arc<OnceLock<SharedArtifacts>>,
 }
 
 impl fmt::Debug for ModuleCache {
@@ -73,15 +74,16 @@ impl ModuleCache {
         ModuleCache { sandbox, entries, max_bytes, artifacts: Arc::default() }
     }
 
-    /// Shares compiled artifacts through `store` from now on, for this cache and its clones:
-    /// a miss loads the module's artifact from it when it has a sound one, and a compile
-    /// offers it the new artifact. Set once; false (and `store` unused) when already set.
-    pub fn share_artifacts(&self, store: Arc<dyn ArtifactStore>) -> bool {
-        self.artifacts.set(store).is_ok()
+    /// Shares compiled artifacts as `shared` says from now on, for this cache and its
+    /// clones: a miss loads the module's artifact from its store when that has a sound one
+    /// (tagged under its key), and a compile offers it the new artifact, tagged. Set once;
+    /// false (and `shared` unused) when already set.
+    pub fn share_artifacts(&self, shared: SharedArtifacts) -> bool {
+        self.artifacts.set(shared).is_ok()
     }
 
-    /// The artifact store, when one was set.
-    pub fn artifact_store(&self) -> Option<&Arc<dyn ArtifactStore>> {
+    /// How artifacts are shared, when they are.
+    pub fn shared_artifacts(&self) -> Option<&SharedArtifacts> {
         self.artifacts.get()
     }
 
@@ -116,8 +118,8 @@ impl ModuleCache {
     {
         self.entries
             .try_get_with_by_ref(sha256, async {
-                if let Some(store) = self.artifacts.get() {
-                    if let Some(stored) = load_shared(&self.sandbox, store.as_ref(), sha256).await {
+                if let Some(shared) = self.artifacts.get() {
+                    if let Some(stored) = shared.load(&self.sandbox, sha256).await {
                         return Ok(Arc::new(stored));
                     }
                 }
@@ -152,12 +154,15 @@ impl ModuleCache {
             return Err(SandboxError::HashMismatch { expected: expected.to_owned(), actual });
         }
         let sandbox = self.sandbox.clone();
-        let (compiled, artifact) =
-            tokio::task::spawn_blocking(move || sandbox.compile_sharing(&bytes, None))
-                .await
-                .map_err(SandboxError::CompileTask)??;
-        if let (Some(store), Some(artifact)) = (self.artifacts.get(), artifact) {
-            save_shared(store.as_ref(), artifact).await;
+        let shared = self.artifacts.get();
+        let key = shared.map(|shared| shared.key().clone());
+        let (compiled, artifact) = tokio::task::spawn_blocking(move || {
+            sandbox.compile_sharing(&bytes, None, key.as_ref())
+        })
+        .await
+        .map_err(SandboxError::CompileTask)??;
+        if let (Some(shared), Some(artifact)) = (shared, artifact) {
+            shared.save(artifact).await;
         }
         Ok(Arc::new(compiled))
     }

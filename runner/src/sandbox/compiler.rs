@@ -26,8 +26,9 @@
 //!   whichever path asked (upload or first run); the structural check runs before a slot is
 //!   taken, so refusing a bomb costs one parser pass;
 //! - a child is always waited for (no zombies) and killed when it outlives the wall bound;
-//! - only bytes our own child wrote are deserialized (straight from its stdout, or from the
-//!   fleet's artifact store after their SHA-256 was checked, see `artifacts`), and wasmtime
+//! - only bytes our own child wrote are deserialized: straight from its stdout, or from the
+//!   fleet's artifact store when their tag (HMAC-SHA256 under the runners' key, derived from
+//!   `SWEEP_SECRETS_KEY`, which the store never holds) verifies, see `artifacts`; wasmtime
 //!   checks their header against the engine before using them.
 
 use std::io::{Read, Write};
@@ -325,16 +326,21 @@ pub(crate) fn load_artifact(
     //   the kind is read from the same module bytes by both sides
     //   (`wasmparser::Parser::is_component`);
     // - `Sandbox::load_artifact` (`artifacts`): from the fleet's artifact store
-    //   (`sweep.compiled_artifacts`), where only `queue::save_artifact` writes, with the
-    //   artifacts `Sandbox::compile_sharing` took from `Compiler::compile`, so the stdout of
-    //   such a child. It is loaded only when the SHA-256 of
-    //   the bytes read back equals the `artifact_sha256` stored with them when they were
-    //   written, its kind is the stored kind (written with it), and its engine fingerprint is
-    //   this runner's child's. The store is trusted as the runners' own database is: the
-    //   check catches bytes changed or cut short in the database, in a backup or on the way
-    //   back; whoever can rewrite a row *and* its hash can run native code on the runners, so
-    //   the schema's write access must stay with the runners and the admin API (see
-    //   docs/architecture.md, "Compile once per fleet").
+    //   (`sweep.compiled_artifacts`), which is not trusted: anyone who can write it can put
+    //   any bytes there, with any sha256. Such bytes reach this call only when the row's tag
+    //   verifies (constant time) under this runner's `ArtifactKey`: HMAC-SHA256, keyed by a
+    //   sub-key of the deployment's `SWEEP_SECRETS_KEY` (`secrets::SecretsKey::artifact_key`;
+    //   the database never holds either key), over the module's sha256, the engine
+    //   fingerprint, the kind, the module size and every byte read. The only code that tags
+    //   is `Sandbox::compile_sharing`, and it tags only the stdout of such a child
+    //   (`Compiler::compile`'s artifact, none for an in-process compile). So a verified tag
+    //   means: these exact bytes are what a child of a runner holding the key wrote for this
+    //   module, as this kind, with this engine fingerprint (checked equal to this runner's
+    //   child's first). Forging a tag takes the key, which only the environment of the
+    //   runners and the admin API holds; whoever has it *and* write access to the store can
+    //   run native code on the runners, so it is guarded as that. A runner without a key
+    //   neither loads nor stores artifacts (see docs/architecture.md, "Compile once per
+    //   fleet").
     // wasmtime also checks the artifact's header (its kind, version, target, compiler flags
     // and wasm features) against `engine` and returns an error, not undefined behaviour, for
     // one built differently.

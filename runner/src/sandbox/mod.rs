@@ -17,7 +17,7 @@
 //!   a fresh `Store`.
 //!
 //! Files: `artifacts` (compile once per fleet: the store of compiled artifacts, the engine
-//! fingerprint, loading a stored artifact), `capabilities` (what a run is given beyond computing: egress, HTTP limits,
+//! fingerprint, the tag under the runners' key, loading a stored artifact), `capabilities` (what a run is given beyond computing: egress, HTTP limits,
 //! secrets as environment; what it used), `config` (settings, limits), `engine` (engine + ticker), `limits` (structural
 //! limits, compile budget), `compiler` (where compiles run: child process or in process),
 //! `module` (validation, compiled form), `cache` (sha256 -> compiled, bounded by bytes),
@@ -50,7 +50,7 @@ use std::sync::Arc;
 
 use wasmtime::{Engine, Linker};
 
-pub use artifacts::{load_shared, save_shared, Artifact, ArtifactRefused, ArtifactStore};
+pub use artifacts::{Artifact, ArtifactRefused, ArtifactStore, SharedArtifacts, NO_KEY_NO_SHARING};
 pub use cache::{ModuleCache, DEFAULT_MODULE_CACHE_BYTES};
 pub use capabilities::{
     is_public, Capabilities, EgressError, EgressPolicy, HttpLimits, Usage, DEFAULT_HTTP_REQUESTS,

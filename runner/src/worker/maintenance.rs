@@ -31,8 +31,8 @@ use crate::{
 /// How long the charts' per-minute counters are kept: the longest range they show (7 days)
 /// and a day more.
 const MINUTES_KEPT: Duration = Duration::from_secs(8 * 24 * 3600);
-/// How long compiled artifacts of another engine than this runner's are kept: past a rolling
-/// upgrade (runners of the old engine still load them meanwhile), then deleted.
+/// How long compiled artifacts of another engine (or key) than this runner's are kept: past a
+/// rolling upgrade (runners of the old engine still load them meanwhile), then deleted.
 const OTHER_ENGINE_ARTIFACTS_KEPT: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Most expired leases rescued per statement.
 const REAP_BATCH: usize = 1000;
@@ -155,7 +155,8 @@ pub(super) async fn run(
             tracing::warn!(error = %e, "pruning the charts' old minutes failed");
         }
         let kept = OTHER_ENGINE_ARTIFACTS_KEPT;
-        match queue::prune_artifacts(&store, &artifact_engine, kept).await {
+        let key_id = config.secrets_key.as_ref().map(|key| key.id());
+        match queue::prune_artifacts(&store, &artifact_engine, key_id, kept).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(artifacts = n, "pruned compiled artifacts nothing needs"),
             Err(e) => tracing::warn!(error = %e, "pruning compiled artifacts failed"),

@@ -27,8 +27,7 @@ use crate::admin::params::{
 use crate::admin::AdminState;
 use crate::queue::{self, ModuleVersion};
 use crate::sandbox::{
-    check_initial_memory, check_structure, load_shared, save_shared, sha256_hex, CompiledModule,
-    ValidationError,
+    check_initial_memory, check_structure, sha256_hex, CompiledModule, ValidationError,
 };
 
 fn check_task_type(task_type: &str) -> Result<(), ApiError> {
@@ -158,10 +157,10 @@ async fn check_secrets_exist(
 
 /// The compiled module for `bytes`, for a module that runs with at most `memory_limit_bytes`:
 /// the runner's cached one when it already has these bytes; else, past the structural limits,
-/// the fleet's stored artifact when a runner compiled these bytes before; else compiled
-/// through the sandbox's compiler (the budgeted child) on the blocking pool, at most
-/// `max_concurrent_validations` uploads and one per tenant at once, and its artifact stored
-/// for the fleet. The request stops waiting after `validation_timeout`; the compile holds its
+/// the fleet's stored artifact when a runner compiled these bytes before (only with
+/// `SWEEP_SECRETS_KEY`, see `sandbox::SharedArtifacts`); else compiled through the sandbox's
+/// compiler (the budgeted child) on the blocking pool, at most `max_concurrent_validations`
+/// uploads and one per tenant at once, and its artifact stored for the fleet (with the key). The request stops waiting after `validation_timeout`; the compile holds its
 /// turn and slot until it ends (the compiler kills its child at the compile wall bound).
 async fn validate(
     state: &AdminState,
@@ -182,10 +181,12 @@ async fn validate(
     // tightened since); they cost one parser pass.
     let sandbox = state.sandbox().clone();
     check_structure(&bytes, sandbox.compile_limits()).map_err(ValidationError::from)?;
-    let artifacts = Arc::clone(state.artifacts());
-    if let Some(stored) = load_shared(&sandbox, artifacts.as_ref(), &sha256_hex(&bytes)).await {
-        check_initial_memory(&bytes, memory_limit_bytes)?;
-        return Ok(Arc::new(stored));
+    let shared = state.artifacts().cloned();
+    if let Some(shared) = &shared {
+        if let Some(stored) = shared.load(&sandbox, &sha256_hex(&bytes)).await {
+            check_initial_memory(&bytes, memory_limit_bytes)?;
+            return Ok(Arc::new(stored));
+        }
     }
     let turn = state.compile_turns().take(tenant).ok_or_else(|| {
         ApiError::conflict(
@@ -205,11 +206,13 @@ async fn validate(
     let job = tokio::task::spawn_blocking(move || {
         // Held until the compile really ends, even when the request stopped waiting for it.
         let (_permit, _turn) = (permit, turn);
-        let (compiled, artifact) = sandbox.compile_sharing(&bytes, Some(memory_limit_bytes))?;
+        let key = shared.as_ref().map(|shared| shared.key());
+        let (compiled, artifact) =
+            sandbox.compile_sharing(&bytes, Some(memory_limit_bytes), key)?;
         // Stored here, not by the request: a request that stopped waiting leaves the
         // artifact for the next upload of these bytes (and for the runners).
-        if let Some(artifact) = artifact {
-            runtime.block_on(save_shared(artifacts.as_ref(), artifact));
+        if let (Some(shared), Some(artifact)) = (&shared, artifact) {
+            runtime.block_on(shared.save(artifact));
         }
         Ok::<_, ValidationError>(compiled)
     });
