@@ -230,3 +230,14 @@ pub fn error_kinds(t: &TaskView) -> Vec<FailureKind> {
             .collect()
     })
 }
+
+/// An error and its sources, one after the other (`a: b: c`), for a test's panic message.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}

@@ -14,7 +14,9 @@ use sweep::sandbox::{
 };
 use sweep_dev::mail::{MailApi, Reply};
 use sweep_dev::modules::component_bytes;
-use sweep_dev::testing::{both_allocators as both, shared_sandbox as sandbox};
+use sweep_dev::testing::{
+    both_allocators as both, error_chain as chain, shared_sandbox as sandbox,
+};
 
 fn limits() -> Limits {
     Limits {
@@ -52,17 +54,6 @@ fn allowing(entries: &[&str]) -> Capabilities {
 async fn probe(sb: &Sandbox, payload: Value, capabilities: Capabilities) -> Execution {
     let module = component(sb, "component-probe");
     sb.run(&module, &input(payload, capabilities), &limits()).await
-}
-
-/// An error and its sources, one after the other.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text
 }
 
 fn success(exec: &Execution) -> &Value {

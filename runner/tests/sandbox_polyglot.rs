@@ -26,6 +26,7 @@ use sweep::sandbox::{
 };
 use sweep_dev::mail::{MailApi, Reply};
 use sweep_dev::modules::{component_bytes, components_dir};
+use sweep_dev::testing::error_chain as chain;
 
 const PYTHON_HELLO: &str = "python-hello";
 const PYTHON_SEND: &str = "python-send";
@@ -95,17 +96,6 @@ fn compiled(name: &str) -> CompiledModule {
         .unwrap_or_else(|e| panic!("{name} compiles: {}", chain(&e)));
     cache.insert(name.to_owned(), module.clone());
     module
-}
-
-/// An error and its sources, one after the other.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text
 }
 
 fn input(payload: &[u8], capabilities: Capabilities) -> TaskInput {
