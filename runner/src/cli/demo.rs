@@ -193,14 +193,29 @@ pub async fn register_example(
     path: &Path,
     settings: &ModuleSettings,
 ) -> anyhow::Result<(Registered, usize)> {
+    register_example_with_secrets(pool, sandbox, tenant, task_type, path, settings, &[]).await
+}
+
+/// [`register_example`] for a module that receives the tenant's `secrets` (which exist).
+pub async fn register_example_with_secrets(
+    pool: &sqlx::PgPool,
+    sandbox: &Sandbox,
+    tenant: &str,
+    task_type: &str,
+    path: &Path,
+    settings: &ModuleSettings,
+    secrets: &[String],
+) -> anyhow::Result<(Registered, usize)> {
     let bytes = std::fs::read(path).with_context(|| {
         format!("reading {} (run scripts/build-modules.sh first)", path.display())
     })?;
     sandbox.validate_module(&bytes).with_context(|| format!("validating {}", path.display()))?;
     let sha256 = sha256_hex(&bytes);
-    let reg = queue::register_module(pool, tenant, task_type, &sha256, &bytes, settings)
-        .await
-        .with_context(|| format!("registering {task_type} for tenant {tenant}"))?;
+    let reg = queue::register_module_with_secrets(
+        pool, tenant, task_type, &sha256, &bytes, settings, secrets,
+    )
+    .await
+    .with_context(|| format!("registering {task_type} for tenant {tenant}"))?;
     Ok((reg, bytes.len()))
 }
 

@@ -19,7 +19,7 @@ use rand::RngCore;
 use serde_json::json;
 use sweep::{
     queue::{self, ModuleSettings, NewTask, PutSecret, TenantEgress},
-    sandbox::{sha256_hex, EgressPolicy, Sandbox},
+    sandbox::{EgressPolicy, Sandbox},
     secrets::SecretsKey,
 };
 use tokio::sync::oneshot;
@@ -97,12 +97,6 @@ impl DemoMail {
         tenant: &str,
         path: &Path,
     ) -> anyhow::Result<()> {
-        let bytes = std::fs::read(path).with_context(|| {
-            format!("reading {} (run scripts/build-modules.sh first)", path.display())
-        })?;
-        sandbox
-            .validate_module(&bytes)
-            .with_context(|| format!("validating {}", path.display()))?;
         let policy = EgressPolicy::parse(&[self.addr.to_string()])
             .map_err(|e| anyhow::anyhow!("the demo mail server's address: {e}"))?;
         let egress = TenantEgress {
@@ -115,17 +109,12 @@ impl DemoMail {
         if let PutSecret::TooMany = queue::put_secret(pool, tenant, KEY_SECRET, &sealed).await? {
             anyhow::bail!("tenant {tenant} holds too many secrets to add {KEY_SECRET}");
         }
-        queue::register_module_with_secrets(
-            pool,
-            tenant,
-            TASK_TYPE,
-            &sha256_hex(&bytes),
-            &bytes,
-            &ModuleSettings::default(),
-            &[KEY_SECRET.to_owned()],
+        let secrets = [KEY_SECRET.to_owned()];
+        let settings = ModuleSettings::default();
+        super::demo::register_example_with_secrets(
+            pool, sandbox, tenant, TASK_TYPE, path, &settings, &secrets,
         )
-        .await
-        .with_context(|| format!("registering {TASK_TYPE} for tenant {tenant}"))?;
+        .await?;
         Ok(())
     }
 

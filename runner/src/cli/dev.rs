@@ -114,6 +114,7 @@ async fn serve_dev(
 
     // Lives as long as the runner: the demo's email task posts to it.
     let mut mail = None;
+    let mut demo_tasks = 0;
     if args.demo {
         let path = args.components_dir.join("send-email.wasm");
         if path.is_file() {
@@ -124,16 +125,14 @@ async fn serve_dev(
         } else {
             missing.push(path);
         }
-    }
-    let demo_tasks = if args.demo {
-        let mut work: Vec<queue::NewTask> = demo::tasks();
-        work.extend(mail.as_ref().map(DemoMail::task));
-        let work: Vec<queue::NewTask> = work.into_iter().map(|t| t.tenant(DEV_TENANT)).collect();
+        let work: Vec<queue::NewTask> = demo::tasks()
+            .into_iter()
+            .chain(mail.as_ref().map(DemoMail::task))
+            .map(|t| t.tenant(DEV_TENANT))
+            .collect();
         queue::enqueue_many(&pool, &work).await.context("enqueueing the demo's tasks")?;
-        work.len()
-    } else {
-        0
-    };
+        demo_tasks = work.len();
+    }
 
     let addr = runner.admin_addr().context("the admin API has no address")?;
     println!("sweep dev is up (Ctrl-C stops it)");

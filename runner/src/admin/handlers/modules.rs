@@ -156,20 +156,23 @@ async fn check_secrets_exist(
 }
 
 /// The compiled module for `bytes`, for a module that runs with at most `memory_limit_bytes`:
-/// the runner's cached one when it already has these bytes; else, past the structural limits,
-/// the fleet's stored artifact when a runner compiled these bytes before (only with
-/// `SWEEP_SECRETS_KEY`, see `sandbox::SharedArtifacts`); else compiled through the sandbox's
-/// compiler (the budgeted child) on the blocking pool, at most `max_concurrent_validations`
-/// uploads and one per tenant at once, and its artifact stored for the fleet (with the key). The request stops waiting after `validation_timeout`; the compile holds its
-/// turn and slot until it ends (the compiler kills its child at the compile wall bound).
+/// the runner's cached one when it already has these bytes; else the fleet's stored artifact
+/// when a runner compiled these bytes before and they are within the structural limits (only
+/// with `SWEEP_SECRETS_KEY`, see `sandbox::SharedArtifacts`); else compiled through the
+/// sandbox's compiler (structural limits, then the budgeted child) on the blocking pool, at
+/// most `max_concurrent_validations` uploads and one per tenant at once, and its artifact
+/// stored for the fleet (with the key). The request stops waiting after `validation_timeout`;
+/// the compile holds its turn and slot until it ends (the compiler kills its child at the
+/// compile wall bound).
 async fn validate(
     state: &AdminState,
     tenant: &str,
     bytes: Bytes,
     memory_limit_bytes: u64,
 ) -> Result<Arc<CompiledModule>, ApiError> {
+    let sha256 = sha256_hex(&bytes);
     let cached = match state.modules() {
-        Some(cache) => cache.get(&sha256_hex(&bytes)).await,
+        Some(cache) => cache.get(&sha256).await,
         None => None,
     };
     if let Some(cached) = cached {
@@ -177,13 +180,13 @@ async fn validate(
         check_initial_memory(&bytes, memory_limit_bytes)?;
         return Ok(cached);
     }
-    // The structural limits hold for a module compiled before, too (they may have been
-    // tightened since); they cost one parser pass.
     let sandbox = state.sandbox().clone();
-    check_structure(&bytes, sandbox.compile_limits()).map_err(ValidationError::from)?;
     let shared = state.artifacts().cloned();
     if let Some(shared) = &shared {
-        if let Some(stored) = shared.load(&sandbox, &sha256_hex(&bytes)).await {
+        if let Some(stored) = shared.load(&sandbox, &sha256).await {
+            // The structural limits hold for a module compiled before, too (they may have
+            // been tightened since); a compile below checks them itself.
+            check_structure(&bytes, sandbox.compile_limits()).map_err(ValidationError::from)?;
             check_initial_memory(&bytes, memory_limit_bytes)?;
             return Ok(Arc::new(stored));
         }
