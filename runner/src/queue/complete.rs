@@ -423,6 +423,9 @@ const COMPLETE_SPAWNING: &str = complete_statement!(
               where d.cancel_requested_at is null
               order by d.id, f.ord) s
     ),
+    "#,
+        module_defaults_cte!(),
+        r#"
     spawned as (
         insert into sweep.tasks (id, tenant, task_type, payload, priority, run_at, max_attempts)
         select s.id, s.tenant, s.task ->> 'task_type', s.task -> 'payload',
@@ -430,11 +433,9 @@ const COMPLETE_SPAWNING: &str = complete_statement!(
                coalesce((s.task ->> 'run_at')::timestamptz,
                         now() + (s.task ->> 'delay_ms')::int8 * interval '1 millisecond'),
                coalesce((s.task ->> 'max_attempts')::int4,
-                        (select m.max_attempts from sweep.active_modules a
-                         join sweep.modules m using (tenant, task_type, version)
-                         where a.tenant = s.tenant and a.task_type = s.task ->> 'task_type'),
-                        $4)
+                        (d.by_type ->> (s.tenant || '/' || (s.task ->> 'task_type')))::int4, $4)
         from spawn s
+        cross join module_defaults d
         order by s.id
         returning id, tenant, task_type, run_at
     ),

@@ -295,23 +295,6 @@ impl<'a> Columns<'a> {
     }
 }
 
-/// The `module_defaults` CTE both insert statements share: one row,
-/// `{"<tenant>/<task_type>": max_attempts}` for every active module that sets one (tenant
-/// names have no '/'). Each input row looks its type up by key; a join here was planned
-/// (generic plan, input size unknown) as two index probes per enqueued task.
-macro_rules! module_defaults_cte {
-    () => {
-        r#"
-        module_defaults as (
-            select coalesce(jsonb_object_agg(a.tenant || '/' || a.task_type, m.max_attempts),
-                            '{}') as by_type
-            from sweep.active_modules a
-            join sweep.modules m using (tenant, task_type, version)
-            where m.max_attempts is not null
-        ),"#
-    };
-}
-
 /// The bulk path, for batches without dedup keys: nothing can conflict, so a plain INSERT.
 /// Ids are drawn in input order before any join can reorder rows, so the returned ids, sorted,
 /// are the input order.

@@ -112,6 +112,24 @@ macro_rules! wake_queues_cte {
     };
 }
 
+/// The `module_defaults` CTE of the statements that insert tasks (enqueue.rs, and the
+/// completion that spawns follow-ups): one row,
+/// `{"<tenant>/<task_type>": max_attempts}` for every active module that sets one (tenant
+/// names have no '/'). Each input row looks its type up by key; a join here was planned
+/// (generic plan, input size unknown) as two index probes per enqueued task.
+macro_rules! module_defaults_cte {
+    () => {
+        r#"
+        module_defaults as (
+            select coalesce(jsonb_object_agg(a.tenant || '/' || a.task_type, m.max_attempts),
+                            '{}') as by_type
+            from sweep.active_modules a
+            join sweep.modules m using (tenant, task_type, version)
+            where m.max_attempts is not null
+        ),"#
+    };
+}
+
 #[macro_use]
 mod vocab;
 #[macro_use]
