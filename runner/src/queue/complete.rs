@@ -434,9 +434,9 @@ const COMPLETE_SPAWNING: &str = complete_statement!(
                         now() + (s.task ->> 'delay_ms')::int8 * interval '1 millisecond'),
                coalesce((s.task ->> 'max_attempts')::int4,
                         (d.by_type ->> (s.tenant || '/' || (s.task ->> 'task_type')))::int4, $4)
+        -- In id order already: `spawn` is materialized in the order its ids were drawn.
         from spawn s
         cross join module_defaults d
-        order by s.id
         returning id, tenant, task_type, run_at
     ),
     spawned_notify as (
@@ -448,7 +448,7 @@ const COMPLETE_SPAWNING: &str = complete_statement!(
         wake_queues_cte!("spawned"),
         r#",
     spawn_ids as (
-        select parent, jsonb_agg(id order by ord) as ids from spawn group by parent
+        select parent, to_jsonb(array_agg(id order by ord)) as ids from spawn group by parent
     ),"#,
     ],
     [r#"(case when e.ids is null then report -> 'result'
