@@ -610,3 +610,181 @@ async fn measure_compile_against_load_from_the_store(_: PgPoolOptions, db: PgCon
         loaded.image_bytes(),
     );
 }
+
+/// The admin API next to `worker`, waiting at most 1 ms for an upload's compile: a compile in
+/// a child process (a process start, an engine) never ends that soon, so every upload that
+/// compiles is answered 202.
+fn impatient_api(db: &Stores, worker: &Worker) -> Api {
+    let config = AdminConfig {
+        operator_token: Some(OPERATOR.into()),
+        validation_timeout: Duration::from_millis(1),
+        ..AdminConfig::default()
+    };
+    let (sandbox, cache) = (worker.sandbox().clone(), worker.modules().clone());
+    Api {
+        state: AdminState::for_runner(&db.admin, sandbox, cache, config).unwrap(),
+        pool: db.pool(),
+    }
+}
+
+/// The version of `task_type` once its compile ended (polls the API; a minute at most).
+async fn compiled(api: &Api, task_type: &str, version: i64) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let versions = api.get(&format!("/v1/modules/{task_type}"), OP).await;
+        let v = versions.ok(200)["modules"]
+            .as_array()
+            .and_then(|all| all.iter().find(|m| m["version"] == version))
+            .cloned()
+            .unwrap_or_else(|| panic!("no version {version}: {}", versions.text));
+        if v["compile_state"] != "compiling" {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still compiling after a minute: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The queue row's (paused, module_compiling).
+async fn queue_hold(db: &Stores, task_type: &str) -> (bool, bool) {
+    sqlx::query_as("select paused, module_compiling from sweep.queues where task_type = $1")
+        .bind(task_type)
+        .fetch_one(&db.pool())
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_upload_whose_compile_outlasts_the_request_is_202_and_its_tasks_wait_for_it(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let mut config = unpooled_config(2);
+    config.sandbox.compiler = child();
+    let worker = Worker::new(&db.runner, config).unwrap();
+    let (sandbox, cache) = (worker.sandbox().clone(), worker.modules().clone());
+    let api = impatient_api(&db, &worker);
+    let running = run_worker(worker);
+
+    let bytes = module("noop");
+    let a = api.put_wasm("/v1/modules/noop", OP, &bytes).await;
+    let answer = a.ok(202);
+    assert_eq!(
+        (&answer["compile_state"], &answer["version"], &answer["created"], &answer["kind"]),
+        (&"compiling".into(), &1.into(), &true.into(), &"module".into()),
+        "{}",
+        a.text
+    );
+    assert!(answer["wasi_imports"].is_null(), "{}", a.text);
+    // A type whose only version is compiling takes tasks; they wait for it instead of being
+    // claimed without a handler (which would dead-letter them): this one runs once, and
+    // succeeds.
+    let id = api.enqueue(OPERATOR, "noop", serde_json::json!({})).await;
+
+    let v = compiled(&api, "noop", 1).await;
+    assert_eq!((&v["compile_state"], &v["active"]), (&"ready".into(), &true.into()), "{v}");
+    assert!(v["compile_error"].is_null(), "{v}");
+    let t = wait_settled(&db.pool(), id).await;
+    assert_eq!((t.state, t.attempts), (TaskState::Succeeded, 1), "{t:#?}");
+    assert!(error_kinds(&t).is_empty(), "{t:#?}");
+    assert_eq!(queue_hold(&db, "noop").await, (false, false));
+    // The runner ran what the upload compiled: the background compile filled its cache.
+    assert!(cache.get(&sha256_hex(&bytes)).await.is_some());
+    assert_eq!(sandbox.compiles(), 1, "the runner compiled the module a second time");
+    running.stop().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_compile_refused_after_202_rejects_its_version_with_the_reason(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let limits = CompileLimits {
+        cpu: Duration::from_secs(1),
+        cpu_per_code_mib: Duration::from_secs(2),
+        ..CompileLimits::default()
+    };
+    let mut config = unpooled_config(1);
+    config.sandbox.compiler = child();
+    config.sandbox.compile = limits;
+    let worker = Worker::new(&db.runner, config).unwrap();
+    let api = impatient_api(&db, &worker);
+
+    // A version that works first; then the bomb (see
+    // a_compile_over_its_cpu_budget_is_422_and_the_api_keeps_serving), answered before its
+    // compile ends.
+    api.put_wasm("/v1/modules/t", OP, &tiny_command()).await.ok(202);
+    assert_eq!(compiled(&api, "t", 1).await["compile_state"], "ready");
+    let bomb = sweep_dev::modules::compile_bomb(20_000, 768 << 10);
+    let a = api.put_wasm("/v1/modules/t", OP, &bomb).await;
+    assert_eq!((&a.ok(202)["compile_state"], &a.json["version"]), (&"compiling".into(), &2.into()));
+    // Meanwhile version 1 stays active, the queue is not held, and a second upload of the
+    // tenant that needs a compile (bytes no runner compiled) waits for this compile's end.
+    let active = api.get("/v1/modules", OP).await;
+    assert_eq!(active.ok(200)["modules"][0]["version"], 1, "{}", active.text);
+    assert_eq!(queue_hold(&db, "t").await, (false, false));
+    let other = functions(2, "nop");
+    api.put_wasm("/v1/modules/other", OP, &other).await.expect(409, "compile_in_progress");
+
+    let v = compiled(&api, "t", 2).await;
+    assert_eq!((&v["compile_state"], &v["active"]), (&"rejected".into(), &false.into()), "{v}");
+    assert_eq!(
+        v["compile_error"],
+        "compiling the module used more than its CPU time budget (compile_cpu) of 3 s"
+    );
+    let active = api.get("/v1/modules", OP).await;
+    assert_eq!(active.ok(200)["modules"][0]["version"], 1, "{}", active.text);
+    let refused =
+        api.post("/v1/modules/t/activate", OP, &serde_json::json!({ "version": 2 })).await;
+    refused.expect(409, "module_not_ready");
+    assert_eq!(
+        refused.message(),
+        "version 2 of task_type \"t\" is rejected and cannot be activated"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_compile_nobody_finished_is_rejected_by_the_maintenance_and_its_queue_let_go(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let bytes = tiny_command();
+    let (sha, settings) = (sha256_hex(&bytes), ModuleSettings::default());
+    let first = queue::register_compiling(&pool, "default", "t", (&sha, &bytes), &settings, &[])
+        .await
+        .unwrap();
+    assert_eq!((first.module.version, first.created), (1, true));
+    assert_eq!(first.module.compile_state, queue::CompileState::Compiling);
+    assert!(!first.module.active);
+    // Its type has no active version: its queue is held, and it takes tasks.
+    assert_eq!(queue_hold(&db, "t").await, (true, true));
+    let types = ["t".to_owned()];
+    assert!(queue::missing_modules(&pool, "default", &types).await.unwrap().is_empty());
+
+    // Its uploader stopped before the end: nothing records it. A young compile is left alone.
+    let interrupted_after = Duration::from_secs(600);
+    assert_eq!(queue::reject_interrupted_compiles(&pool, interrupted_after).await.unwrap(), 0);
+    sqlx::query("update sweep.modules set created_at = now() - interval '11 minutes'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(queue::reject_interrupted_compiles(&pool, interrupted_after).await.unwrap(), 1);
+    let versions = queue::list_versions(&pool, Some("default"), Some("t"), false).await.unwrap();
+    assert_eq!(versions[0].compile_state, queue::CompileState::Rejected);
+    assert_eq!(versions[0].compile_error.as_deref(), Some(queue::INTERRUPTED));
+    assert_eq!(queue_hold(&db, "t").await, (false, false));
+    assert_eq!(queue::missing_modules(&pool, "default", &types).await.unwrap(), types);
+    let err = queue::activate_version(&pool, "default", "t", 1).await.unwrap_err();
+    assert!(matches!(err, queue::QueueError::ModuleNotReady { .. }), "{err:?}");
+
+    // The same bytes again, compiled in time this time: the version is ready and active.
+    let again =
+        queue::register_module(&pool, "default", "t", &sha, &bytes, &settings).await.unwrap();
+    assert_eq!((again.module.version, again.created), (1, false));
+    assert_eq!(again.module.compile_state, queue::CompileState::Ready);
+    assert!(again.module.active && again.module.compile_error.is_none());
+}

@@ -332,6 +332,7 @@ async fn the_dashboard_in_a_real_browser(_: PgPoolOptions, db: PgConnectOptions)
         .unwrap();
     wait_text(&c, "#notice", "quick v1").await;
     wait_text(&c, "#module-acme-quick-1", "active").await;
+    wait_text(&c, "#module-acme-quick-1 td.compile", "ready").await;
     shot(&c, "modules").await;
     let active: i32 = sqlx::query_scalar(
         "select version from sweep.active_modules where tenant = 'acme' and task_type = 'quick'",

@@ -123,6 +123,9 @@ impl From<QueueError> for ApiError {
             e @ (QueueError::TaskNotFound(_)
             | QueueError::ModuleVersionNotFound { .. }
             | QueueError::WorkflowNotFound(_)) => Self::not_found(e.to_string()),
+            e @ QueueError::ModuleNotReady { .. } => {
+                Self::conflict("module_not_ready", e.to_string())
+            }
             e @ QueueError::NotCancellable { .. } => {
                 Self::conflict("not_cancellable", e.to_string())
             }

@@ -16,9 +16,10 @@ use super::error::ApiError;
 use super::json_input::{integer, optional_integer, present_integer};
 use super::params::EffectiveLimits;
 use crate::queue::{
-    CapsChange, CatchUp, CronSchedule, DeadTask, Enqueued, ModuleVersion, NewSchedule, NewStep,
-    NewTask, OnParentFailure, Overlap, QueueControl, RunnerInfo, TaskId, TaskRow, Tenant,
-    TenantPause, TypeStats, WorkflowSummary, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS, MAX_WEIGHT,
+    CapsChange, CatchUp, CompileState, CronSchedule, DeadTask, Enqueued, ModuleVersion,
+    NewSchedule, NewStep, NewTask, OnParentFailure, Overlap, QueueControl, RunnerInfo, TaskId,
+    TaskRow, Tenant, TenantPause, TypeStats, WorkflowSummary, MAX_DEDUP_KEY_LEN, MAX_MAX_ATTEMPTS,
+    MAX_WEIGHT,
 };
 
 /// `POST /v1/tasks` (and each element of `POST /v1/tasks/batch`). Read by the hand-written
@@ -370,14 +371,19 @@ pub struct UploadResponse {
     pub sha256: String,
     pub size: i64,
     /// False when identical bytes and limits were already registered (that version is
-    /// active again).
+    /// active again, or compiling again if it was rejected).
     pub created: bool,
+    /// `ready` (compiled and active) or `compiling` (answered 202: see the version's
+    /// `compile_state` in `GET /v1/modules/{task_type}`).
+    pub compile_state: CompileState,
     /// `module` (WASI preview 1, `wasm32-wasip1`) or `component` (WASI 0.2, `wasm32-wasip2`),
     /// told from the binary.
     pub kind: String,
     /// A module's WASI functions (`fd_write`) or a component's interfaces
-    /// (`wasi:http/outgoing-handler@0.2.6`), in import order.
-    pub wasi_imports: Vec<String>,
+    /// (`wasi:http/outgoing-handler@0.2.6`), in import order; `null` when the answer came
+    /// before the compile ended.
+    #[schema(required)]
+    pub wasi_imports: Option<Vec<String>>,
     pub limits: EffectiveLimits,
     /// The tenant secrets this version receives as environment variables.
     pub secrets: Vec<String>,

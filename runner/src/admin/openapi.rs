@@ -31,7 +31,7 @@ use super::models::{
     WasmModule, WeightRequest, WorkflowStepRequest, WorkflowsResponse,
 };
 use crate::queue::{
-    BulkCancel, CatchUp, CreatedStep, CreatedWorkflow, CronSchedule, ModuleVersion,
+    BulkCancel, CatchUp, CompileState, CreatedStep, CreatedWorkflow, CronSchedule, ModuleVersion,
     OnParentFailure, Overlap, QueueControl, StepView, TaskState, TaskView, Tenant, TenantPause,
     WorkflowCancel, WorkflowState, WorkflowSummary, WorkflowView,
 };
@@ -57,6 +57,7 @@ pub const BEARER: &str = "bearer";
             UploadResponse,
             ModulesResponse,
             ModuleVersion,
+            CompileState,
             ActivateRequest,
             EnqueueRequest,
             BatchResponse,

@@ -236,7 +236,13 @@ async fn upload(args: UploadArgs) -> anyhow::Result<()> {
     if api.printed_json(&a) {
         return Ok(());
     }
-    let verb = if a["created"] == true { "uploaded" } else { "unchanged, re-activated" };
+    let compiling = a["compile_state"] == "compiling";
+    let verb = match (a["created"] == true, compiling) {
+        (true, false) => "uploaded",
+        (false, false) => "unchanged, re-activated",
+        (true, true) => "uploaded, compiling",
+        (false, true) => "unchanged, compiling again",
+    };
     println!(
         "{verb}: {}/{} version {} ({}, sha256 {})",
         print::cell(&a["tenant"]),
@@ -258,6 +264,14 @@ async fn upload(args: UploadArgs) -> anyhow::Result<()> {
         let names: Vec<String> = names.iter().map(print::cell).collect();
         println!("secrets (as environment variables): {}", names.join(", "));
     }
+    if compiling {
+        println!(
+            "its compile outlasted the request and goes on: the version becomes active once it \
+             is ready (`sweep module list {}` shows its state); until then the previous version \
+             runs, and tasks of a type with none wait",
+            print::cell(&a["task_type"])
+        );
+    }
     Ok(())
 }
 
@@ -277,12 +291,30 @@ fn print_modules(answer: &Value) {
                 print::short(&print::cell(&m["sha256"]), 13),
                 print::time(&m["created_at"]),
                 secret_names(&m["secrets"]),
+                compile_state(m),
             ]
         })
         .collect();
-    let headers =
-        ["TENANT", "TASK_TYPE", "VERSION", "ACTIVE", "SIZE", "SHA256", "CREATED", "SECRETS"];
+    let headers = [
+        "TENANT",
+        "TASK_TYPE",
+        "VERSION",
+        "ACTIVE",
+        "SIZE",
+        "SHA256",
+        "CREATED",
+        "SECRETS",
+        "STATE",
+    ];
     print::table(&headers, &rows);
+}
+
+/// `ready`, `compiling`, or `rejected: <why>`.
+fn compile_state(m: &Value) -> String {
+    match m["compile_error"].as_str() {
+        Some(why) => format!("{}: {why}", print::cell(&m["compile_state"])),
+        None => print::cell(&m["compile_state"]),
+    }
 }
 
 fn secret_names(v: &Value) -> String {

@@ -74,6 +74,8 @@ pub enum QueueError {
     TaskNotFound(TaskId),
     #[error("task_type {task_type:?} has no version {version}")]
     ModuleVersionNotFound { task_type: String, version: i32 },
+    #[error("version {version} of task_type {task_type:?} is {} and cannot be activated", state.as_str())]
+    ModuleNotReady { task_type: String, version: i32, state: super::CompileState },
     #[error("task {id} is {state} and cannot be cancelled")]
     NotCancellable { id: i64, state: TaskState },
     #[error("task {id} cannot be requeued: another live task holds its dedup_key")]

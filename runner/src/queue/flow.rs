@@ -36,7 +36,8 @@ pub fn paused_by_tenant(tenant: &str) -> String {
 pub struct QueueControl {
     pub tenant: String,
     pub task_type: String,
-    /// Whether claims skip this queue now (its own pause or its tenant's).
+    /// Whether claims skip this queue now (its own pause, its tenant's, or its first module
+    /// version still compiling).
     pub paused: bool,
     /// When the task type itself was paused (`null`: it is not).
     #[schema(required)]
@@ -46,6 +47,8 @@ pub struct QueueControl {
     pub paused_by: Option<String>,
     /// Whether the whole tenant is paused (see `GET /v1/stats`' `paused_tenants`).
     pub tenant_paused: bool,
+    /// Whether its tasks wait for the type's first module version to compile.
+    pub module_compiling: bool,
     /// Most starts per second on average, across all runners (`null`: no rate limit).
     #[schema(required)]
     pub rate_per_sec: Option<f64>,
@@ -244,7 +247,7 @@ const SET_QUEUE_PAUSE: &str = concat!(
         where q.tenant = $1 and q.task_type = $2
           and exists (select 1 from sweep.active_modules a
                       where a.tenant = $1 and a.task_type = $2)
-        returning q.tenant, q.task_type, q.paused, q.paused_at, q.paused_by, q.tenant_paused,
+        returning q.tenant, q.task_type, q.paused, q.paused_at, q.paused_by, q.tenant_paused, q.module_compiling,
                   q.rate_per_sec, q.burst
     ),
     woken as (select "#,
@@ -288,12 +291,12 @@ const SET_RATE_LIMIT: &str = r#"
     where q.tenant = $1 and q.task_type = $2
       and exists (select 1 from sweep.active_modules a
                   where a.tenant = $1 and a.task_type = $2)
-    returning q.tenant, q.task_type, q.paused, q.paused_at, q.paused_by, q.tenant_paused,
+    returning q.tenant, q.task_type, q.paused, q.paused_at, q.paused_by, q.tenant_paused, q.module_compiling,
               q.rate_per_sec, q.burst
     "#;
 
 const LIST_QUEUE_CONTROLS: &str = r#"
-    select q.tenant, q.task_type, q.paused, q.paused_at, q.paused_by, q.tenant_paused,
+    select q.tenant, q.task_type, q.paused, q.paused_at, q.paused_by, q.tenant_paused, q.module_compiling,
            q.rate_per_sec, q.burst
     from sweep.queues q
     where (q.paused or q.rate_per_sec is not null) and ($1::text is null or q.tenant = $1)

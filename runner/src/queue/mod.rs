@@ -138,6 +138,7 @@ mod usage;
 mod artifacts;
 mod batch;
 mod claim;
+mod compiling;
 mod complete;
 mod copy;
 mod cron;
@@ -173,6 +174,9 @@ pub use batch::{CheckedTasks, MAX_BATCH};
 pub use claim::{
     cancel_requests, claim, claim_batch, claim_from, heartbeat_leases, next_due_in, release_batch,
     ClaimCursor, ClaimMode, NextDue,
+};
+pub use compiling::{
+    finish_compile, register_compiling, reject_interrupted_compiles, CompileState, INTERRUPTED,
 };
 pub use complete::{complete_batch, fail_batch, Completion, Failure, FailureReport};
 pub use copy::COPY_MIN_BATCH;
@@ -259,6 +263,7 @@ pub(crate) fn statements() -> impl Iterator<Item = (&'static str, &'static str)>
     [
         artifacts::STATEMENTS,
         claim::STATEMENTS,
+        compiling::STATEMENTS,
         complete::STATEMENTS,
         copy::STATEMENTS,
         dead::STATEMENTS,

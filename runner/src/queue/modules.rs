@@ -2,14 +2,20 @@
 //! which one is active.
 //!
 //! Invariants: versions count up from 1 per (tenant, task_type); uploading the same bytes with
-//! the same limits returns the existing version instead of creating one; an upload makes its
-//! version active; the active version always exists (foreign key).
+//! the same limits returns the existing version instead of creating one; an upload whose
+//! compile ended makes its version active (one still compiling: compiling.rs); the active
+//! version always exists (foreign key) and is `ready`.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgExecutor;
 
-use super::{error::is_unique_violation, Connects, QueueError};
+use std::fmt::Debug;
+use std::ops::DerefMut;
+
+use sqlx::PgConnection;
+
+use super::{error::is_unique_violation, CompileState, Conn, Connects, QueueError};
 
 /// Per-module overrides of the runner's defaults. `None` means "use the default".
 #[derive(
@@ -48,6 +54,11 @@ pub struct ModuleVersion {
     pub secrets: Vec<String>,
     pub active: bool,
     pub created_at: DateTime<Utc>,
+    /// Where its compile stands: only a `ready` version runs.
+    pub compile_state: CompileState,
+    /// Why it was rejected (`null` unless `compile_state` is `rejected`).
+    #[schema(required)]
+    pub compile_error: Option<String>,
 }
 
 /// What an upload did.
@@ -91,18 +102,33 @@ pub async fn register_module_with_secrets<'c, A>(
 where
     A: Connects<'c>,
 {
+    let mut conn = conn.connect().await?;
+    let version = (tenant, task_type, sha256, bytes);
+    let (version, created) = insert_version(&mut conn, version, settings, secrets, false).await?;
+    let module = get_version(&mut conn, tenant, task_type, version).await?;
+    Ok(Registered { module, created })
+}
+
+/// Inserts the version (`compiling`: in that state, not activated, its queue held while the
+/// type has no active version; else `ready` and active), or finds the identical one. Secrets
+/// are sorted and deduplicated here. Returns (version, created).
+pub(super) async fn insert_version<C>(
+    conn: &mut Conn<C>,
+    version: (&str, &str, &str, &[u8]),
+    settings: &ModuleSettings,
+    secrets: &[String],
+    compiling: bool,
+) -> Result<(i32, bool), QueueError>
+where
+    C: DerefMut<Target = PgConnection> + Send + Debug,
+{
     let mut secrets = secrets.to_vec();
     secrets.sort_unstable();
     secrets.dedup();
-    let mut conn = conn.connect().await?;
     // Two concurrent uploads can pick the same next version number; the loser retries.
     for _ in 0..5 {
-        let version = (tenant, task_type, sha256, bytes);
-        match insert_version(&mut conn, version, settings, &secrets).await {
-            Ok((version, created)) => {
-                let module = get_version(&mut conn, tenant, task_type, version).await?;
-                return Ok(Registered { module, created });
-            }
+        match insert_version_once(&mut *conn, version, settings, &secrets, compiling).await {
+            Ok(inserted) => return Ok(inserted),
             Err(e) if is_unique_violation(&e, "modules_pkey") => continue,
             Err(e) => return Err(e.into()),
         }
@@ -110,11 +136,12 @@ where
     Err(QueueError::Corrupt("module version kept colliding with concurrent uploads".into()))
 }
 
-async fn insert_version<'c, E: PgExecutor<'c>>(
+async fn insert_version_once<'c, E: PgExecutor<'c>>(
     executor: E,
     (tenant, task_type, sha256, bytes): (&str, &str, &str, &[u8]),
     s: &ModuleSettings,
     secrets: &[String],
+    compiling: bool,
 ) -> Result<(i32, bool), sqlx::Error> {
     sqlx::query_as(INSERT_VERSION)
         .bind(tenant)
@@ -129,23 +156,34 @@ async fn insert_version<'c, E: PgExecutor<'c>>(
         .bind(s.backoff_cap_ms)
         .bind(s.max_running)
         .bind(secrets)
+        .bind(compiling)
         .fetch_one(executor)
         .await
 }
 
-/// Makes `version` the active handler. `ModuleVersionNotFound` when no such version exists.
+/// Makes `version` the active handler. `ModuleVersionNotFound` when no such version exists,
+/// `ModuleNotReady` when its compile is still running or rejected it.
 pub async fn activate_version<'c, E: PgExecutor<'c>>(
     executor: E,
     tenant: &str,
     task_type: &str,
     version: i32,
 ) -> Result<(), QueueError> {
-    let done =
-        sqlx::query(ACTIVATE).bind(tenant).bind(task_type).bind(version).execute(executor).await?;
-    if done.rows_affected() == 0 {
-        return Err(QueueError::ModuleVersionNotFound { task_type: task_type.to_owned(), version });
+    let (activated, state): (Option<i32>, Option<CompileState>) = sqlx::query_as(ACTIVATE)
+        .bind(tenant)
+        .bind(task_type)
+        .bind(version)
+        .fetch_one(executor)
+        .await?;
+    match (activated, state) {
+        (Some(_), _) => Ok(()),
+        (None, Some(state)) => {
+            Err(QueueError::ModuleNotReady { task_type: task_type.to_owned(), version, state })
+        }
+        (None, None) => {
+            Err(QueueError::ModuleVersionNotFound { task_type: task_type.to_owned(), version })
+        }
     }
-    Ok(())
 }
 
 /// Versions, newest first, of one task type (`Some`) or of all (`None`), for one tenant or
@@ -164,7 +202,7 @@ pub async fn list_versions<'c, E: PgExecutor<'c>>(
         .await?)
 }
 
-async fn get_version<'c, E: PgExecutor<'c>>(
+pub(super) async fn get_version<'c, E: PgExecutor<'c>>(
     executor: E,
     tenant: &str,
     task_type: &str,
@@ -200,9 +238,14 @@ pub async fn active_module_shas<'c, E: PgExecutor<'c>>(
     Ok(sqlx::query_scalar(ACTIVE_SHAS).bind(task_types).bind(limit).fetch_all(executor).await?)
 }
 
+// $13: the compile is still running (the upload answers 202). Then the version is
+// registered `compiling`, not activated, and the queue is held while the type has no active
+// version (compiling.rs); else it is `ready` and active. An identical version found instead
+// is made ready (its compile ended now) or compiling again (it was rejected before); a ready
+// one stays ready and is activated, as an upload that compiled in time would.
 const INSERT_VERSION: &str = r#"
     with existing as (
-        select version from sweep.modules
+        select version, compile_state from sweep.modules
         where tenant = $1 and task_type = $2 and sha256 = $3
           and fuel is not distinct from $5 and timeout_ms is not distinct from $6
           and memory_bytes is not distinct from $7 and max_attempts is not distinct from $8
@@ -212,32 +255,51 @@ const INSERT_VERSION: &str = r#"
     created as (
         insert into sweep.modules (tenant, task_type, version, sha256, bytes, fuel, timeout_ms,
                              memory_bytes, max_attempts, backoff_base_ms, backoff_cap_ms,
-                             max_running, secrets)
+                             max_running, secrets, compile_state)
         select $1, $2,
                coalesce((select max(version) from sweep.modules where tenant = $1 and task_type = $2), 0) + 1,
-               $3, $4, $5, $6, $7, $8, $9, $10, $11, $12
+               $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
+               case when $13 then 'compiling' else 'ready' end
         where not exists (select 1 from existing)
         returning version
     ),
+    restated as (
+        update sweep.modules m
+        set compile_state = case when $13 then 'compiling' else 'ready' end, compile_error = null
+        from existing e
+        where m.tenant = $1 and m.task_type = $2 and m.version = e.version
+          and e.compile_state <> 'ready'
+    ),
     chosen as (
-        select version, true as created from created
+        select version, true as created, $13 as compiling from created
         union all
-        select version, false from existing
+        select version, false, $13 and compile_state <> 'ready' from existing
     ),
     activated as (
         insert into sweep.active_modules (tenant, task_type, version)
-        select $1, $2, version from chosen
+        select $1, $2, version from chosen where not compiling
         on conflict (tenant, task_type)
             do update set version = excluded.version, activated_at = now()
     ),
     -- The claim reads the active version's running limit from the queue row; a new row
-    -- copies its tenant's pause under the tenant's lock (see runner/sql/wake_queues.sql).
+    -- copies its tenant's pause under the tenant's lock (see runner/sql/wake_queues.sql). A
+    -- version still compiling leaves the running limit to the active one.
     queued as (
-        insert into sweep.queues (tenant, task_type, weight, max_running, tenant_paused)
-        select $1, $2, coalesce((select weight from sweep.tenants where name = $1), 1), $11,
+        insert into sweep.queues (tenant, task_type, weight, max_running, tenant_paused,
+                                  module_compiling)
+        select $1, $2, coalesce((select weight from sweep.tenants where name = $1), 1),
+               case when c.compiling
+                    then (select m.max_running from sweep.active_modules a
+                          join sweep.modules m using (tenant, task_type, version)
+                          where a.tenant = $1 and a.task_type = $2)
+                    else $11 end,
                coalesce((select paused_at is not null from sweep.tenants
-                         where name = $1 for share), false)
-        on conflict (tenant, task_type) do update set max_running = excluded.max_running
+                         where name = $1 for share), false),
+               c.compiling and not exists (select 1 from sweep.active_modules a
+                                           where a.tenant = $1 and a.task_type = $2)
+        from chosen c
+        on conflict (tenant, task_type) do update
+            set max_running = excluded.max_running, module_compiling = excluded.module_compiling
     )
     select version, created from chosen
     "#;
@@ -246,7 +308,7 @@ const ACTIVATE: &str = r#"
     with activated as (
         insert into sweep.active_modules (tenant, task_type, version)
         select tenant, task_type, version from sweep.modules
-        where tenant = $1 and task_type = $2 and version = $3
+        where tenant = $1 and task_type = $2 and version = $3 and compile_state = 'ready'
         on conflict (tenant, task_type)
             do update set version = excluded.version, activated_at = now()
         returning version
@@ -261,16 +323,20 @@ const ACTIVATE: &str = r#"
                          where name = $1 for share), false)
         from sweep.modules m
         where m.tenant = $1 and m.task_type = $2 and m.version = (select version from activated)
-        on conflict (tenant, task_type) do update set max_running = excluded.max_running
+        on conflict (tenant, task_type)
+            do update set max_running = excluded.max_running, module_compiling = false
     )
-    select version from activated
+    -- The version's state tells a version that is not ready from one that does not exist.
+    select (select version from activated),
+           (select compile_state from sweep.modules
+            where tenant = $1 and task_type = $2 and version = $3)
     "#;
 
 const LIST_VERSIONS: &str = r#"
     select m.tenant, m.task_type, m.version, m.sha256, length(m.bytes)::int8 as size,
            m.fuel, m.timeout_ms, m.memory_bytes, m.max_attempts, m.backoff_base_ms,
            m.backoff_cap_ms, m.max_running, m.secrets, a.version is not null as active,
-           m.created_at
+           m.created_at, m.compile_state, m.compile_error
     from sweep.modules m
     left join sweep.active_modules a
            on a.tenant = m.tenant and a.task_type = m.task_type and a.version = m.version

@@ -281,8 +281,9 @@ pub async fn list_tenants<'c, E: PgExecutor<'c>>(executor: E) -> Result<Vec<Tena
     Ok(sqlx::query_as(LIST_TENANTS).fetch_all(executor).await?)
 }
 
-/// Those of `task_types` for which `tenant` has no active module, in input order, without
-/// repeats. Enqueueing such a type would only fill the dead-letter table.
+/// Those of `task_types` for which `tenant` has no active module and none compiling, in input
+/// order, without repeats. Enqueueing such a type would only fill the dead-letter table (tasks
+/// of a type whose first module is compiling wait for it: queue/compiling.rs).
 pub async fn missing_modules<'c, E: PgExecutor<'c>>(
     executor: E,
     tenant: &str,
@@ -341,6 +342,9 @@ const MISSING_MODULES: &str = r#"
     from unnest($2::text[]) with ordinality as t(task_type, ord)
     where not exists (
         select 1 from sweep.active_modules a where a.tenant = $1 and a.task_type = t.task_type
+    ) and not exists (
+        select 1 from sweep.modules m
+        where m.tenant = $1 and m.task_type = t.task_type and m.compile_state = 'compiling'
     )
     group by t.task_type
     order by min(t.ord)

@@ -197,12 +197,15 @@ pub async fn list_tasks<'c, E: PgExecutor<'c>>(
 pub struct QueueRow {
     pub tenant: String,
     pub task_type: String,
-    /// Whether claims skip it now (its own pause or its tenant's).
+    /// Whether claims skip it now (its own pause, its tenant's, or its first module version
+    /// still compiling).
     pub paused: bool,
     pub paused_at: Option<DateTime<Utc>>,
     pub paused_by: Option<String>,
     pub tenant_paused_at: Option<DateTime<Utc>>,
     pub tenant_paused_by: Option<String>,
+    /// Its tasks wait for the type's first module version to compile.
+    pub module_compiling: bool,
     pub rate_per_sec: Option<f64>,
     pub burst: Option<i32>,
     /// The active module's limit on tasks of this type running at once.
@@ -399,7 +402,7 @@ const COUNT_TASKS: &str = concat!(
 const LIST_QUEUES: &str = r#"
     select q.tenant, q.task_type, q.paused, q.paused_at, q.paused_by,
            t.paused_at as tenant_paused_at, t.paused_by as tenant_paused_by,
-           q.rate_per_sec, q.burst, q.max_running
+           q.module_compiling, q.rate_per_sec, q.burst, q.max_running
     from sweep.queues q
     left join sweep.tenants t on t.name = q.tenant
     where $1::text is null or q.tenant = $1

@@ -138,6 +138,12 @@ impl CompileLimits {
         CompileBudget { cpu, memory_bytes, wall }
     }
 
+    /// The longest wall-clock time any one compile may take before its child is killed: the
+    /// wall bound of the largest CPU budget.
+    pub fn longest_compile(&self) -> Duration {
+        self.budget_for(u64::MAX).wall
+    }
+
     /// The first field that is zero, if any (every limit must allow something).
     pub(crate) fn zero_field(&self) -> Option<&'static str> {
         [

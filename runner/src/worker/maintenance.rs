@@ -1,6 +1,7 @@
 //! Background duties of every runner: heartbeats (the leases it holds + its `runners` row),
-//! the reaper, vacuuming the live table, retention, pruning of silent runner rows, the
-//! repair of queue hints and the cron scheduler (`worker/scheduler.rs`). Each stops when the stop flag turns true.
+//! the reaper, vacuuming the live table, retention, pruning of silent runner rows, rejecting
+//! module compiles their uploader left unfinished, the repair of queue hints and the cron
+//! scheduler (`worker/scheduler.rs`). Each stops when the stop flag turns true.
 //! All of it is safe to run on every runner at once (see `queue::maintenance`).
 //!
 //! Outages: a heartbeat that cannot reach Postgres tries again every [`HEARTBEAT_RETRY`], so
@@ -161,6 +162,15 @@ pub(super) async fn run(
             Ok(n) => tracing::info!(artifacts = n, "pruned compiled artifacts nothing needs"),
             Err(e) => tracing::warn!(error = %e, "pruning compiled artifacts failed"),
         }
+        let interrupted_after = interrupted_after(&config.sandbox.compile);
+        match queue::reject_interrupted_compiles(&store, interrupted_after).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                modules = n,
+                "rejected module versions whose compile was interrupted (their uploader stopped)"
+            ),
+            Err(e) => tracing::warn!(error = %e, "rejecting interrupted compiles failed"),
+        }
     });
     let counts = every(m.minutes_interval, stop.clone(), || async {
         if let Err(e) = minutes.flush(&store).await {
@@ -180,6 +190,13 @@ pub(super) async fn run(
         super::scheduler::run(store.clone(), period, scheduler_stop).await
     };
     tokio::join!(reaper, vacuum, retention, hints, scheduler, counts);
+}
+
+/// How old a version still `compiling` must be before it counts as interrupted: twice the
+/// longest compile this runner's limits allow (the uploading process may have other limits,
+/// and its compile may have waited for a slot first), and a minute more.
+fn interrupted_after(compile: &crate::sandbox::CompileLimits) -> Duration {
+    compile.longest_compile().saturating_mul(2).saturating_add(Duration::from_secs(60))
 }
 
 /// When the live table is next vacuumed: after `interval` at the latest, sooner once this

@@ -4,9 +4,12 @@
 //! content type, limits against caps, the secrets it names, size, structural limits) before
 //! the module is compiled;
 //! compiling goes through the sandbox's compiler (a budgeted child process in `sweep`) from
-//! the blocking pool, at most `max_concurrent_validations` at once and one per tenant, and is
-//! abandoned after `validation_timeout`; only a module the sandbox accepted is stored, and
-//! next to a runner the compiled module goes to the runner's cache once it is stored.
+//! the blocking pool, at most `max_concurrent_validations` at once and one per tenant;
+//! a compile that ends within `validation_timeout` is answered 201/200 with its version
+//! `ready` and active; one that does not is answered 202 with its version registered
+//! `compiling`, and its end (ready and active, or rejected with the reason) is recorded by a
+//! task that outlives the request (queue/compiling.rs says what waits meanwhile);
+//! next to a runner the compiled module goes to the runner's cache before it is ready.
 
 use std::sync::Arc;
 
@@ -14,7 +17,7 @@ use bytes::{Buf, Bytes};
 use futures::Stream;
 use warp::http::StatusCode;
 
-use super::{created_or_ok, json, Answer};
+use super::{json, Answer};
 use crate::admin::auth::Caller;
 use crate::admin::body::{check_content_type, read_limited, OCTET_STREAM, WASM};
 use crate::admin::error::ApiError;
@@ -25,9 +28,9 @@ use crate::admin::params::{
     TaskTypePath, TenantParam,
 };
 use crate::admin::AdminState;
-use crate::queue::{self, ModuleVersion};
+use crate::queue::{self, CompileState, ModuleVersion};
 use crate::sandbox::{
-    check_initial_memory, check_structure, sha256_hex, CompiledModule, ValidationError,
+    check_initial_memory, check_structure, sha256_hex, CompiledModule, HandlerKind, ValidationError,
 };
 
 fn check_task_type(task_type: &str) -> Result<(), ApiError> {
@@ -53,8 +56,9 @@ fn check_task_type(task_type: &str) -> Result<(), ApiError> {
         content_type = "application/octet-stream",
     ),
     responses(
-        (status = 201, description = "Stored as a new version and activated", body = UploadResponse),
+        (status = 201, description = "Compiled, stored as a new version and activated", body = UploadResponse),
         (status = 200, description = "Identical bytes and limits were registered: that version is active again", body = UploadResponse),
+        (status = 202, description = "Stored as a new version whose compile outlasted the request (`compile_state`: `compiling`); it becomes active when the compile ends, or `rejected` with the reason (`GET /v1/modules/{task_type}`). Meanwhile the previous version keeps running; a type with none holds its tasks until then", body = UploadResponse),
         (status = 404, response = doc::NotFound),
         (status = 409, response = doc::Conflict),
         (status = 422, response = doc::Unprocessable),
@@ -96,25 +100,53 @@ where
     let tenant_limit = caps.max_module_bytes.and_then(|b| usize::try_from(b).ok());
     let limit = state.config().max_module_bytes.min(tenant_limit.unwrap_or(usize::MAX));
     let bytes = read_limited(content_length, body, limit).await?;
-    let compiled = validate(&state, &tenant, bytes.clone(), limits.memory_bytes).await?;
-    let info = compiled.info().clone();
-
-    let registered = queue::register_module_with_secrets(
-        state.store(),
-        &tenant,
-        &task_type,
-        &info.sha256,
-        &bytes,
-        &settings,
-        &secrets,
-    )
-    .await?;
-    if let Some(cache) = state.modules() {
-        cache.insert_compiled(compiled).await;
-    }
+    let sha256 = sha256_hex(&bytes);
+    let (registered, imports) =
+        match validate(&state, &tenant, &sha256, bytes.clone(), limits.memory_bytes).await? {
+            Validated::Compiled(compiled) => {
+                let registered = queue::register_module_with_secrets(
+                    state.store(),
+                    &tenant,
+                    &task_type,
+                    &sha256,
+                    &bytes,
+                    &settings,
+                    &secrets,
+                )
+                .await?;
+                if let Some(cache) = state.modules() {
+                    cache.insert_compiled(compiled.clone()).await;
+                }
+                (registered, Some(compiled.info().wasi_imports.clone()))
+            }
+            Validated::Compiling(job) => {
+                let registered = queue::register_compiling(
+                    state.store(),
+                    &tenant,
+                    &task_type,
+                    (&sha256, &bytes),
+                    &settings,
+                    &secrets,
+                )
+                .await?;
+                let m = &registered.module;
+                finish_in_background(&state, m.tenant.clone(), task_type.clone(), m.version, job);
+                (registered, None)
+            }
+        };
     let m = registered.module;
     tracing::info!(%tenant, %task_type, version = m.version, sha256 = %m.sha256,
-        created = registered.created, "module uploaded");
+        created = registered.created, compile_state = m.compile_state.as_str(), "module uploaded");
+    let status = match m.compile_state {
+        CompileState::Ready if registered.created => StatusCode::CREATED,
+        CompileState::Ready => StatusCode::OK,
+        CompileState::Compiling | CompileState::Rejected => StatusCode::ACCEPTED,
+    };
+    let kind = if wasmparser::Parser::is_component(&bytes) {
+        HandlerKind::Component
+    } else {
+        HandlerKind::Module
+    };
     let answer = UploadResponse {
         tenant: m.tenant,
         task_type: m.task_type,
@@ -122,12 +154,52 @@ where
         sha256: m.sha256,
         size: m.size,
         created: registered.created,
-        kind: info.kind.as_str().to_owned(),
-        wasi_imports: info.wasi_imports,
+        compile_state: m.compile_state,
+        kind: kind.as_str().to_owned(),
+        wasi_imports: imports,
         limits,
         secrets: m.secrets,
     };
-    Ok(created_or_ok(registered.created, &answer))
+    Ok(json(status, &answer))
+}
+
+/// Records the end of a compile the upload stopped waiting for: the compiled module goes to
+/// the runner's cache, then its version is made ready and active, or rejected with the reason.
+/// Runs to its end whatever the request does; if it cannot record the end, the runners'
+/// maintenance rejects the version as interrupted later (queue::reject_interrupted_compiles).
+fn finish_in_background(
+    state: &AdminState,
+    tenant: String,
+    task_type: String,
+    version: i32,
+    job: CompileJob,
+) {
+    let state = state.clone();
+    tokio::spawn(async move {
+        let outcome = match job.await {
+            Ok(Ok(compiled)) => {
+                if let Some(cache) = state.modules() {
+                    cache.insert_compiled(Arc::new(compiled)).await;
+                }
+                Ok(())
+            }
+            Ok(Err(invalid)) => Err(invalid.to_string()),
+            Err(join) => Err(format!("the compile stopped unexpectedly: {join}")),
+        };
+        let store = state.store();
+        let ended = outcome.as_ref().map(|()| ()).map_err(String::as_str);
+        match queue::finish_compile(store, &tenant, &task_type, version, ended).await {
+            Ok(()) => match &outcome {
+                Ok(()) => tracing::info!(%tenant, %task_type, version, "module compiled: ready"),
+                Err(reason) => {
+                    tracing::info!(%tenant, %task_type, version, %reason, "module rejected")
+                }
+            },
+            Err(e) => tracing::warn!(%tenant, %task_type, version, error = %e,
+                "recording the end of a module's compile failed; it stays `compiling` until \
+                 the runners' maintenance rejects it as interrupted"),
+        }
+    });
 }
 
 /// Refuses (422 `unknown_secret`) a module that names secrets its tenant does not hold.
@@ -161,42 +233,42 @@ async fn check_secrets_exist(
 /// with `SWEEP_SECRETS_KEY`, see `sandbox::SharedArtifacts`); else compiled through the
 /// sandbox's compiler (structural limits, then the budgeted child) on the blocking pool, at
 /// most `max_concurrent_validations` uploads and one per tenant at once, and its artifact
-/// stored for the fleet (with the key). The request stops waiting after `validation_timeout`;
-/// the compile holds its turn and slot until it ends (the compiler kills its child at the
-/// compile wall bound).
+/// stored for the fleet (with the key). The request stops waiting after `validation_timeout`
+/// and gets the running compile instead; the compile holds its turn and slot until it ends
+/// (the compiler kills its child at the compile wall bound).
 async fn validate(
     state: &AdminState,
     tenant: &str,
+    sha256: &str,
     bytes: Bytes,
     memory_limit_bytes: u64,
-) -> Result<Arc<CompiledModule>, ApiError> {
-    let sha256 = sha256_hex(&bytes);
+) -> Result<Validated, ApiError> {
     let cached = match state.modules() {
-        Some(cache) => cache.get(&sha256).await,
+        Some(cache) => cache.get(sha256).await,
         None => None,
     };
     if let Some(cached) = cached {
         // Compiled and checked against the contract before; only the limit is new.
         check_initial_memory(&bytes, memory_limit_bytes)?;
-        return Ok(cached);
+        return Ok(Validated::Compiled(cached));
     }
     let sandbox = state.sandbox().clone();
     let shared = state.artifacts().cloned();
     if let Some(shared) = &shared {
-        if let Some(stored) = shared.load(&sandbox, &sha256).await {
+        if let Some(stored) = shared.load(&sandbox, sha256).await {
             // The structural limits hold for a module compiled before, too (they may have
             // been tightened since); a compile below checks them itself.
             check_structure(&bytes, sandbox.compile_limits()).map_err(ValidationError::from)?;
             check_initial_memory(&bytes, memory_limit_bytes)?;
-            return Ok(Arc::new(stored));
+            return Ok(Validated::Compiled(Arc::new(stored)));
         }
     }
     let turn = state.compile_turns().take(tenant).ok_or_else(|| {
         ApiError::conflict(
             "compile_in_progress",
             format!(
-                "another module of tenant {tenant:?} is being compiled; upload again once that \
-                 upload has answered"
+                "another module of tenant {tenant:?} is being compiled; upload again once its \
+                 compile has ended (its version's compile_state in GET /v1/modules)"
             ),
         )
     })?;
@@ -219,19 +291,23 @@ async fn validate(
         }
         Ok::<_, ValidationError>(compiled)
     });
-    let timeout = state.config().validation_timeout;
-    match tokio::time::timeout(timeout, job).await {
-        Ok(Ok(Ok(compiled))) => Ok(Arc::new(compiled)),
+    let mut job = job;
+    match tokio::time::timeout(state.config().validation_timeout, &mut job).await {
+        Ok(Ok(Ok(compiled))) => Ok(Validated::Compiled(Arc::new(compiled))),
         Ok(Ok(Err(invalid))) => Err(invalid.into()),
         Ok(Err(join)) => Err(ApiError::internal("module validation task failed", &join)),
-        Err(_elapsed) => Err(ApiError::unprocessable(
-            "validation_timeout",
-            format!(
-                "the module took longer than {timeout:?} to validate; its compile goes on, and \
-                 an upload of the same bytes once it ended uses what it compiled"
-            ),
-        )),
+        Err(_elapsed) => Ok(Validated::Compiling(job)),
     }
+}
+
+/// A compile running on the blocking pool (it holds its tenant's turn and a slot until it ends).
+type CompileJob = tokio::task::JoinHandle<Result<CompiledModule, ValidationError>>;
+
+/// What `validate` found: the module compiled, or its compile still running when the request
+/// stopped waiting.
+enum Validated {
+    Compiled(Arc<CompiledModule>),
+    Compiling(CompileJob),
 }
 
 /// `GET /v1/modules`: the active version of every task type (`?all=true`: every version).

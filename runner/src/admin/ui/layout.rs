@@ -26,8 +26,6 @@ const NAV: [(&str, &str); 11] = [
     ("/ui/tenants", "Tenants"),
     ("/ui/usage", "Usage"),
 ];
-/// Pages of features still to come, in their place (each arrives with its data).
-const LATER: [&str; 1] = ["Compile state"];
 
 /// A full page for a logged-in session; `here` is the nav entry to highlight.
 pub fn page(session: &Session, here: &str, title: &str, body: Markup) -> Markup {
@@ -43,9 +41,6 @@ pub fn page(session: &Session, here: &str, title: &str, body: Markup) -> Markup 
                         @for (path, label) in NAV {
                             a href=(path) class=[(path == here).then_some("here")] { (label) }
                             " "
-                        }
-                        @for label in LATER {
-                            span.later title="coming in a later release" { (label) } " "
                         }
                     }
                     div.who {

@@ -2,16 +2,16 @@
 //! the operator changes a weight). Writes go through the same queue functions and checks
 //! as `POST /v1/modules/{t}/activate` and `PUT /v1/tenants/{name}/weight`.
 
-use maud::html;
+use maud::{html, Markup};
 use warp::http::StatusCode;
 
-use super::layout::{csrf_field, html_response, notice, page, see_other, time};
+use super::layout::{csrf_field, html_response, notice, page, see_other, time, POLL};
 use super::session::Session;
 use super::{query, Page, Pairs};
 use crate::admin::auth::Caller;
 use crate::admin::error::ApiError;
 use crate::admin::AdminState;
-use crate::queue::{self, MAX_WEIGHT};
+use crate::queue::{self, CompileState, ModuleVersion, MAX_WEIGHT};
 
 fn limit(v: Option<i64>) -> String {
     v.map_or_else(|| "default".to_owned(), |v| v.to_string())
@@ -32,7 +32,7 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
         } @else {
             table #modules {
                 thead { tr {
-                    th { "tenant" } th { "task type" } th.num { "version" } th { "active" }
+                    th { "tenant" } th { "task type" } th.num { "version" } th { "active" } th { "compile" }
                     th { "sha256" } th.num { "size" } th.num { "fuel" } th.num { "timeout ms" }
                     th.num { "memory bytes" } th.num { "max attempts" } th.num { "backoff ms" }
                     th.num { "max running" } th { "secrets" } th { "uploaded" } th {}
@@ -42,6 +42,7 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
                         tr id=(format!("module-{}-{}-{}", m.tenant, m.task_type, m.version)) {
                             td { (m.tenant) } td { (m.task_type) } td.num { (m.version) }
                             td { @if m.active { strong.active { "active" } } }
+                            td.compile { (compile_state(m)) }
                             td { code title=(m.sha256) { (&m.sha256[..m.sha256.len().min(12)]) } }
                             td.num { (m.size) }
                             td.num { (limit(m.settings.fuel)) }
@@ -53,7 +54,7 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
                             td { @if m.secrets.is_empty() { "-" } @else { code { (m.secrets.join(", ")) } } }
                             td { (time(m.created_at)) }
                             td {
-                                @if !m.active && !s.read_only() {
+                                @if !m.active && !s.read_only() && m.compile_state == CompileState::Ready {
                                     form.inline method="post" action=(format!("/ui/modules/{}/{}/activate", m.tenant, m.task_type)) {
                                         (csrf_field(&s))
                                         input type="hidden" name="version" value=(m.version);
@@ -68,6 +69,20 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
         }
     };
     Ok(html_response(StatusCode::OK, page(&s, "/ui/modules", "Modules", body)))
+}
+
+/// A version's compile state: `ready`, `compiling` (the page polls until it ends) or
+/// `rejected` with the reason.
+fn compile_state(m: &ModuleVersion) -> Markup {
+    html! {
+        @match m.compile_state {
+            CompileState::Ready => span.ok { "ready" },
+            CompileState::Compiling => span.paused.compiling hx-get="/ui/modules" hx-trigger=(POLL) hx-select="#modules" hx-target="#modules" hx-swap="outerHTML" { "compiling" },
+            CompileState::Rejected => span.state.state-dead title=[m.compile_error.as_deref()] {
+                "rejected: " (m.compile_error.as_deref().unwrap_or(""))
+            },
+        }
+    }
 }
 
 /// `POST /ui/modules/{tenant}/{task_type}/activate` with `version`.

@@ -42,6 +42,10 @@ pub fn pause_badge(q: &QueueRow) -> Markup {
             span.paused title="its whole tenant is paused" {
                 "tenant paused by " (paused_by(q.tenant_paused_by.as_deref())) " since " (time(at))
             }
+        } @else if q.module_compiling {
+            a.paused href="/ui/modules" title="its tasks wait until the module's compile ends" {
+                "waiting for its module to compile"
+            }
         }
     }
 }

@@ -57,8 +57,13 @@ pub async fn list(state: AdminState, s: Session, q: Pairs) -> Page {
         @for q in &paused {
             p.paused-banner #paused-banner {
                 "Queue " (q.tenant) "/" (q.task_type) " is " (super::queues::pause_badge(q))
-                ": its tasks wait until it is resumed ("
-                a href="/ui/queues" { "Queues" } ")."
+                @if q.paused_at.is_none() && q.tenant_paused_at.is_none() {
+                    ": its tasks wait until its module's compile ends ("
+                    a href="/ui/modules" { "Modules" } ")."
+                } @else {
+                    ": its tasks wait until it is resumed ("
+                    a href="/ui/queues" { "Queues" } ")."
+                }
             }
         }
         form.filters #search method="get" action="/ui/tasks" {
