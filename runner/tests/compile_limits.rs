@@ -32,6 +32,13 @@ fn child() -> CompilerKind {
     CompilerKind::Child { program: PathBuf::from(env!("CARGO_BIN_EXE_sweep")) }
 }
 
+/// A runner's settings for `concurrency` tasks, compiling in the child.
+fn child_config(concurrency: usize) -> sweep::config::WorkerConfig {
+    let mut config = unpooled_config(concurrency);
+    config.sandbox.compiler = child();
+    config
+}
+
 fn sandbox_with(compile: CompileLimits, compiler: CompilerKind) -> Sandbox {
     Sandbox::new(SandboxConfig { pooling: false, compile, compiler, ..SandboxConfig::default() })
         .unwrap()
@@ -188,9 +195,7 @@ async fn an_uploaded_module_is_compiled_once_and_runs_from_the_cache(
     db: PgConnectOptions,
 ) {
     let db = migrated(db).await;
-    let mut config = unpooled_config(2);
-    config.sandbox.compiler = child();
-    let worker = Worker::new(&db.runner, config).unwrap();
+    let worker = Worker::new(&db.runner, child_config(2)).unwrap();
     let (sandbox, cache) = (worker.sandbox().clone(), worker.modules().clone());
     let admin = AdminConfig { operator_token: Some(OPERATOR.into()), ..AdminConfig::default() };
     let state = AdminState::for_runner(&db.admin, sandbox.clone(), cache.clone(), admin).unwrap();
@@ -660,9 +665,7 @@ async fn an_upload_whose_compile_outlasts_the_request_is_202_and_its_tasks_wait_
     db: PgConnectOptions,
 ) {
     let db = migrated(db).await;
-    let mut config = unpooled_config(2);
-    config.sandbox.compiler = child();
-    let worker = Worker::new(&db.runner, config).unwrap();
+    let worker = Worker::new(&db.runner, child_config(2)).unwrap();
     let (sandbox, cache) = (worker.sandbox().clone(), worker.modules().clone());
     let api = impatient_api(&db, &worker);
     let running = run_worker(worker);
@@ -706,8 +709,7 @@ async fn a_compile_refused_after_202_rejects_its_version_with_the_reason(
         cpu_per_code_mib: Duration::from_secs(2),
         ..CompileLimits::default()
     };
-    let mut config = unpooled_config(1);
-    config.sandbox.compiler = child();
+    let mut config = child_config(1);
     config.sandbox.compile = limits;
     let worker = Worker::new(&db.runner, config).unwrap();
     let api = impatient_api(&db, &worker);

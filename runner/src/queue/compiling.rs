@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::PgExecutor;
 
-use super::modules::{get_version, insert_version};
+use super::modules::register;
 use super::{sql_millis, Connects, ModuleSettings, QueueError, Registered};
 
 /// Where a version's compile stands.
@@ -68,11 +68,7 @@ pub async fn register_compiling<'c, A>(
 where
     A: Connects<'c>,
 {
-    let mut conn = conn.connect().await?;
-    let version = (tenant, task_type, sha256, bytes);
-    let (version, created) = insert_version(&mut conn, version, settings, secrets, true).await?;
-    let module = get_version(&mut conn, tenant, task_type, version).await?;
-    Ok(Registered { module, created })
+    register(conn, (tenant, task_type, sha256, bytes), settings, secrets, true).await
 }
 
 /// Records the end of `version`'s compile: `Ok` makes it `ready` and (unless a version was

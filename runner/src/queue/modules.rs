@@ -102,17 +102,33 @@ pub async fn register_module_with_secrets<'c, A>(
 where
     A: Connects<'c>,
 {
+    register(conn, (tenant, task_type, sha256, bytes), settings, secrets, false).await
+}
+
+/// Registers the version (`compiling`: in that state, not activated, its queue held while the
+/// type has no active version, see compiling.rs; else `ready` and active), or finds the
+/// identical one.
+pub(super) async fn register<'c, A>(
+    conn: A,
+    version: (&str, &str, &str, &[u8]),
+    settings: &ModuleSettings,
+    secrets: &[String],
+    compiling: bool,
+) -> Result<Registered, QueueError>
+where
+    A: Connects<'c>,
+{
+    let (tenant, task_type, ..) = version;
     let mut conn = conn.connect().await?;
-    let version = (tenant, task_type, sha256, bytes);
-    let (version, created) = insert_version(&mut conn, version, settings, secrets, false).await?;
+    let (version, created) =
+        insert_version(&mut conn, version, settings, secrets, compiling).await?;
     let module = get_version(&mut conn, tenant, task_type, version).await?;
     Ok(Registered { module, created })
 }
 
-/// Inserts the version (`compiling`: in that state, not activated, its queue held while the
-/// type has no active version; else `ready` and active), or finds the identical one. Secrets
-/// are sorted and deduplicated here. Returns (version, created).
-pub(super) async fn insert_version<C>(
+/// Inserts the version, or finds the identical one (see `register`). Secrets are sorted and
+/// deduplicated here. Returns (version, created).
+async fn insert_version<C>(
     conn: &mut Conn<C>,
     version: (&str, &str, &str, &[u8]),
     settings: &ModuleSettings,
@@ -202,7 +218,7 @@ pub async fn list_versions<'c, E: PgExecutor<'c>>(
         .await?)
 }
 
-pub(super) async fn get_version<'c, E: PgExecutor<'c>>(
+async fn get_version<'c, E: PgExecutor<'c>>(
     executor: E,
     tenant: &str,
     task_type: &str,
