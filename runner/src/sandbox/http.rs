@@ -142,8 +142,22 @@ impl WasiHttpHooks for Egress {
         let stderr = self.stderr.clone();
         let limits = self.limits;
         Box::new(async move {
-            let target = admitted?;
             let deadline = Instant::now() + limits.request_timeout;
+            let target = match admitted {
+                Ok(target) => target,
+                Err(refused) => {
+                    // The request's body is read to its end (and dropped; nothing is sent)
+                    // before the refusal, until the request deadline at most, as a server that
+                    // refuses would. Dropped at once, it closed the stream the guest was still
+                    // writing, and StarlingMonkey (componentize-js) then sometimes aborted its
+                    // event loop ("event loop error, but no exception is pending") instead of
+                    // rejecting `fetch`, depending on which task ran first (seen under load).
+                    let mut body = request.into_body();
+                    let drained = async { while let Some(Ok(_)) = body.frame().await {} };
+                    let _ = tokio::time::timeout_at(deadline, drained).await;
+                    return Err(refused);
+                }
+            };
             send(Sent { target, policy, counters, stderr, limits, deadline, options }, request)
                 .await
         })
