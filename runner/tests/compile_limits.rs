@@ -124,17 +124,23 @@ async fn structural_limits_refuse_before_compiling_and_store_nothing(
     assert_eq!((sandbox.compiles(), stored_modules(&db).await), (1, 1));
 }
 
+/// 1 s of CPU and 2 s per MiB of code: 3 s for `compile_bomb(20_000, 768 << 10)`, which
+/// needs several.
+fn short_cpu_budget() -> CompileLimits {
+    CompileLimits {
+        cpu: Duration::from_secs(1),
+        cpu_per_code_mib: Duration::from_secs(2),
+        ..CompileLimits::default()
+    }
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_compile_over_its_cpu_budget_is_422_and_the_api_keeps_serving(
     _: PgPoolOptions,
     db: PgConnectOptions,
 ) {
     let db = migrated(db).await;
-    let limits = CompileLimits {
-        cpu: Duration::from_secs(1),
-        cpu_per_code_mib: Duration::from_secs(2),
-        ..CompileLimits::default()
-    };
+    let limits = short_cpu_budget();
     let sandbox = sandbox_with(limits, child());
     let api = api_on(&db, sandbox.clone());
 
@@ -704,11 +710,7 @@ async fn a_compile_refused_after_202_rejects_its_version_with_the_reason(
     db: PgConnectOptions,
 ) {
     let db = migrated(db).await;
-    let limits = CompileLimits {
-        cpu: Duration::from_secs(1),
-        cpu_per_code_mib: Duration::from_secs(2),
-        ..CompileLimits::default()
-    };
+    let limits = short_cpu_budget();
     let mut config = child_config(1);
     config.sandbox.compile = limits;
     let worker = Worker::new(&db.runner, config).unwrap();
