@@ -11,7 +11,7 @@ use super::{query, Page, Pairs};
 use crate::admin::auth::Caller;
 use crate::admin::error::ApiError;
 use crate::admin::AdminState;
-use crate::queue::{self, CompileState, ModuleVersion, MAX_WEIGHT};
+use crate::queue::{self, CompileState, MAX_WEIGHT};
 
 fn limit(v: Option<i64>) -> String {
     v.map_or_else(|| "default".to_owned(), |v| v.to_string())
@@ -30,9 +30,13 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
         @if versions.is_empty() {
             p.muted #no-modules { "No module uploaded yet (PUT /v1/modules/{task_type})." }
         } @else {
-            table #modules {
+            // While a version compiles, the table refreshes itself (the page's own URL, so a
+            // tenant filter stays) until the compile ends.
+            @let compiling = versions.iter().any(|m| m.compile_state == CompileState::Compiling);
+            table #modules hx-get=[compiling.then_some("")] hx-trigger=[compiling.then_some(POLL)]
+                hx-select=[compiling.then_some("#modules")] hx-swap=[compiling.then_some("outerHTML")] {
                 thead { tr {
-                    th { "tenant" } th { "task type" } th.num { "version" } th { "active" } th { "compile" }
+                    th { "tenant" } th { "task type" } th.num { "version" } th { "state" }
                     th { "sha256" } th.num { "size" } th.num { "fuel" } th.num { "timeout ms" }
                     th.num { "memory bytes" } th.num { "max attempts" } th.num { "backoff ms" }
                     th.num { "max running" } th { "secrets" } th { "uploaded" } th {}
@@ -41,8 +45,10 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
                     @for m in &versions {
                         tr id=(format!("module-{}-{}-{}", m.tenant, m.task_type, m.version)) {
                             td { (m.tenant) } td { (m.task_type) } td.num { (m.version) }
-                            td { @if m.active { strong.active { "active" } } }
-                            td.compile { (compile_state(m)) }
+                            td.compile {
+                                @if m.active { strong.active { "active" } " " }
+                                (compile_state(m.compile_state))
+                            }
                             td { code title=(m.sha256) { (&m.sha256[..m.sha256.len().min(12)]) } }
                             td.num { (m.size) }
                             td.num { (limit(m.settings.fuel)) }
@@ -63,6 +69,11 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
                                 }
                             }
                         }
+                        @if let Some(why) = &m.compile_error {
+                            tr.reason id=(format!("module-{}-{}-{}-why", m.tenant, m.task_type, m.version)) {
+                                td colspan="15" { span.muted { "rejected: " } (why) }
+                            }
+                        }
                     }
                 }
             }
@@ -71,16 +82,13 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
     Ok(html_response(StatusCode::OK, page(&s, "/ui/modules", "Modules", body)))
 }
 
-/// A version's compile state: `ready`, `compiling` (the page polls until it ends) or
-/// `rejected` with the reason.
-fn compile_state(m: &ModuleVersion) -> Markup {
+/// A version's compile state as a badge (a rejected version's reason is on the row below it).
+fn compile_state(state: CompileState) -> Markup {
     html! {
-        @match m.compile_state {
+        @match state {
             CompileState::Ready => span.ok { "ready" },
-            CompileState::Compiling => span.paused.compiling hx-get="/ui/modules" hx-trigger=(POLL) hx-select="#modules" hx-target="#modules" hx-swap="outerHTML" { "compiling" },
-            CompileState::Rejected => span.state.state-dead title=[m.compile_error.as_deref()] {
-                "rejected: " (m.compile_error.as_deref().unwrap_or(""))
-            },
+            CompileState::Compiling => span.paused { "compiling" },
+            CompileState::Rejected => span.state.state-dead { "rejected" },
         }
     }
 }
