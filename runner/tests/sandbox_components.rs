@@ -271,6 +271,22 @@ async fn private_addresses_need_their_literal_on_the_list() {
 }
 
 #[tokio::test]
+async fn a_refused_request_with_a_large_body_sends_nothing() {
+    let api = MailApi::start(Reply::MessageId).await.expect("mail api");
+    // More than the host reads of a refused request's body before answering (1 MiB).
+    let body = "x".repeat(3 << 20);
+    let payload =
+        json!({"do": "fetch", "requests": [{"url": api.url(), "method": "POST", "body": body}]});
+    let exec = probe(sandbox(true), payload, allowing(&["api.mail.example"])).await;
+    let error = success(&exec)[0]["error"].as_str().unwrap_or_default().to_owned();
+    assert!(!error.is_empty(), "the refused request did not fail in the guest");
+    assert!(exec.stderr.contains("is not on the tenant's egress list"), "{}", exec.stderr);
+    assert_eq!((exec.usage.http_requests, exec.usage.http_refused), (0, 1));
+    assert_eq!(exec.usage.bytes_sent, 0);
+    assert_eq!(api.connections(), 0);
+}
+
+#[tokio::test]
 async fn requests_past_the_limit_are_refused() {
     let api = MailApi::start(Reply::MessageId).await.expect("mail api");
     let caps = Capabilities {

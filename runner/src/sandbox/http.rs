@@ -126,6 +126,11 @@ fn refuse(counters: &Counters, stderr: &BoundedOutput, why: &str, error: Error) 
     error
 }
 
+/// Most bytes of a refused request's body read (and dropped) before the refusal is answered:
+/// more than any request a handler sends in earnest, and a bound on the host's work for a
+/// guest that streams a body into a refusal.
+const REFUSED_BODY_READ: usize = 1 << 20;
+
 type SendResult =
     Result<(http::Response<WasiBody>, Box<dyn Future<Output = Result<(), Error>> + Send>), Error>;
 
@@ -152,8 +157,17 @@ impl WasiHttpHooks for Egress {
                     // writing, and StarlingMonkey (componentize-js) then sometimes aborted its
                     // event loop ("event loop error, but no exception is pending") instead of
                     // rejecting `fetch`, depending on which task ran first (seen under load).
+                    // A guest that keeps writing is cut off at REFUSED_BODY_READ bytes.
                     let mut body = request.into_body();
-                    let drained = async { while let Some(Ok(_)) = body.frame().await {} };
+                    let drained = async {
+                        let mut read = 0;
+                        while let Some(Ok(frame)) = body.frame().await {
+                            read += frame.data_ref().map_or(0, |data| data.len());
+                            if read > REFUSED_BODY_READ {
+                                break;
+                            }
+                        }
+                    };
                     let _ = tokio::time::timeout_at(deadline, drained).await;
                     return Err(refused);
                 }
