@@ -278,7 +278,7 @@ async fn validate(
         .await
         .map_err(|_| ApiError::unavailable("the admin API is shutting down"))?;
     let runtime = tokio::runtime::Handle::current();
-    let job = tokio::task::spawn_blocking(move || {
+    let mut job = tokio::task::spawn_blocking(move || {
         // Held until the compile really ends, even when the request stopped waiting for it.
         let (_permit, _turn) = (permit, turn);
         let key = shared.as_ref().map(|shared| shared.key());
@@ -291,7 +291,6 @@ async fn validate(
         }
         Ok::<_, ValidationError>(compiled)
     });
-    let mut job = job;
     match tokio::time::timeout(state.config().validation_timeout, &mut job).await {
         Ok(Ok(Ok(compiled))) => Ok(Validated::Compiled(Arc::new(compiled))),
         Ok(Ok(Err(invalid))) => Err(invalid.into()),
