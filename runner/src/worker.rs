@@ -588,14 +588,18 @@ impl Worker {
 }
 
 /// Resolves, once every slot is busy, no fair claim is in flight (its tasks are not `running`
-/// yet, so their queues would look idle) and a wake-up (or the poll, the backstop) came, with a
-/// spare slot. Pending while a slot is free: the caller's slot branch takes over, and a wake-up
-/// this lane already took is handed on to whichever lane waits next.
+/// yet, so their queues would look idle) and the database announced something (an enqueue's
+/// notification) or the poll interval passed (the backstop, which also covers delayed tasks
+/// coming due), with a spare slot. A wake-up from inside the runner (room for a fair claim, a
+/// full batch) announces no new queue, so it sends no spare-slot claim: in a drain of queues
+/// that already run, every such claim would come back empty after reading all running tasks.
+/// Pending while a slot is free: the caller's slot branch takes over, and a wake-up this lane
+/// already took is handed on to whichever lane waits next.
 async fn spare_wakeup(lane: &Lane, poll: std::time::Duration) -> Option<OwnedSemaphorePermit> {
-    let mut woken = false;
+    let (mut woken, mut took_wake) = (false, false);
     loop {
         if lane.intake.has_room() {
-            if woken {
+            if took_wake {
                 lane.wakeups.wake();
             }
             return std::future::pending().await;
@@ -608,8 +612,10 @@ async fn spare_wakeup(lane: &Lane, poll: std::time::Duration) -> Option<OwnedSem
             continue;
         }
         if !woken {
-            lane.wakeups.wait(poll).await;
-            woken = true;
+            let announced = lane.wakeups.announced();
+            let notified = lane.wakeups.wait(poll).await;
+            took_wake |= notified;
+            woken = !notified || lane.wakeups.announced() != announced;
             continue;
         }
         let permit = Arc::clone(&lane.spare).acquire_owned().await.ok()?;

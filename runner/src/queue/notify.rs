@@ -15,7 +15,10 @@
 //! so the next wait returns at once: wake-ups are never lost, only merged.
 
 use std::{
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
     time::Duration,
 };
 
@@ -63,6 +66,9 @@ impl CancelRequest {
 #[derive(Debug)]
 pub struct Wakeups {
     notify: Arc<Notify>,
+    /// Wake-ups that came from the database (a notification, a lost connection), counted
+    /// before each is signalled: a waiter tells them from the runner's own [`Wakeups::wake`].
+    announced: Arc<AtomicU64>,
     listener: Option<JoinHandle<()>>,
     /// The listener's own pool (a listen URL of its own), closed with it: the connection then
     /// goes away without the return-to-pool health check, which would warn when the server is
@@ -109,7 +115,12 @@ impl Wakeups {
     async fn start(mut listener: PgListener) -> Result<Self, QueueError> {
         listener.listen_all([NOTIFY_CHANNEL, CANCEL_CHANNEL]).await?;
         let notify = Arc::new(Notify::new());
-        let forward = Arc::clone(&notify);
+        let announced = Arc::new(AtomicU64::new(0));
+        let (forward, count) = (Arc::clone(&notify), Arc::clone(&announced));
+        let announce = move || {
+            count.fetch_add(1, Ordering::Release);
+            forward.notify_one();
+        };
         let (cancel_tx, cancel_rx) = mpsc::unbounded_channel();
         let listener = tokio::spawn(async move {
             loop {
@@ -124,12 +135,12 @@ impl Wakeups {
                             ),
                         }
                     }
-                    Ok(_) => forward.notify_one(),
+                    Ok(_) => announce(),
                     Err(e) => {
                         // PgListener reconnects by itself on the next recv; wake the waiter so
                         // it polls for anything announced while the connection was down.
                         tracing::warn!(error = %e, "listen connection lost; reconnecting");
-                        forward.notify_one();
+                        announce();
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                 }
@@ -137,6 +148,7 @@ impl Wakeups {
         });
         Ok(Wakeups {
             notify,
+            announced,
             listener: Some(listener),
             own_pool: None,
             cancels: Mutex::new(Some(cancel_rx)),
@@ -148,6 +160,7 @@ impl Wakeups {
     pub fn polling() -> Self {
         Wakeups {
             notify: Arc::new(Notify::new()),
+            announced: Arc::new(AtomicU64::new(0)),
             listener: None,
             own_pool: None,
             cancels: Mutex::new(None),
@@ -169,6 +182,13 @@ impl Wakeups {
     /// a notification.
     pub async fn wait(&self, poll: Duration) -> bool {
         tokio::time::timeout(poll, self.notify.notified()).await.is_ok()
+    }
+
+    /// How many wake-ups the database has sent so far: a waiter that reads it before
+    /// [`Wakeups::wait`] and again after learns whether anything new was announced, or only
+    /// the runner itself woke it ([`Wakeups::wake`]).
+    pub fn announced(&self) -> u64 {
+        self.announced.load(Ordering::Acquire)
     }
 
     /// Wakes the waiter from inside the process (e.g. a slot became free).
