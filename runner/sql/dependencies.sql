@@ -21,40 +21,6 @@
 --     exactly one of them sees zero and releases the child.
 
 
--- The `$parents` member of a child's input: one entry per parent in id order,
--- {"id", "state", "result"}, where `result` is the parent's result if it succeeded. Results
--- are included in that order while their running total stays within `p_budget` bytes (what
--- the child's payload limit left); from the first that does not fit on, an entry has
--- `"result_omitted": true` instead.
-create or replace function sweep.sweep_parents_input(p_child bigint, p_budget bigint)
-returns jsonb
-language plpgsql stable
-set search_path = sweep
-as $$
-declare
-    entries jsonb := '[]';
-    used    bigint := 0;
-    e       record;
-begin
-    for e in select d.parent, d.ended, d.result from task_deps d
-             where d.child = p_child order by d.parent
-    loop
-        used := used + coalesce(octet_length(e.result::text), 0);
-        if e.result is null then
-            entries := entries || jsonb_build_array(jsonb_build_object(
-                'id', e.parent, 'state', e.ended));
-        elsif used <= p_budget then
-            entries := entries || jsonb_build_array(jsonb_build_object(
-                'id', e.parent, 'state', e.ended, 'result', e.result));
-        else
-            entries := entries || jsonb_build_array(jsonb_build_object(
-                'id', e.parent, 'state', e.ended, 'result_omitted', true));
-        end if;
-    end loop;
-    return entries;
-end
-$$;
-
 -- Enqueues tasks that wait for parents: the tasks as column arrays (as the enqueue's INSERT
 -- takes them), each task's policy (`p_run_on_failure`) and result budget, and the edges as
 -- two parallel arrays (`p_edge_task`: the 1-based position of the child in the batch,
@@ -303,9 +269,40 @@ begin
         -- The others take their ended parents off their counts; zero makes them due, with
         -- their parents' ends in their input (the edges read here were written above, or by
         -- the parents' ends committed before this transaction locked the child).
+        -- The children this takes to zero get `$parents` in their input: one entry per parent
+        -- in id order, {"id", "state", "result"}, where `result` is the parent's result if it
+        -- succeeded. Results are included in that order while their running total stays
+        -- within the edge's `result_budget` bytes (what the child's payload limit left); from
+        -- the first that does not fit on, an entry has `"result_omitted": true` instead.
+        -- Built for all of them in one pass over their edges, not by a function call per
+        -- child (~35 us each, most of a 3-level workflow's fan-out). The rows are locked
+        -- above, so the counts read here are the ones the update below changes.
         with c as (
             select c.id, c.n from unnest(children, counts) as c(id, n)
             where c.id <> all(cancelled)
+        ),
+        zero as (
+            select t.id from tasks t join c on c.id = t.id
+            where t.state = 'blocked' and t.blocked_on <= c.n
+        ),
+        inputs as (
+            select x.child, jsonb_agg(
+                       case when x.result is null
+                                then jsonb_build_object('id', x.parent, 'state', x.ended)
+                            when x.used <= x.result_budget
+                                then jsonb_build_object('id', x.parent, 'state', x.ended,
+                                                        'result', x.result)
+                            else jsonb_build_object('id', x.parent, 'state', x.ended,
+                                                    'result_omitted', true)
+                       end order by x.parent) as entries
+            from (
+                select d.child, d.parent, d.ended, d.result, d.result_budget,
+                       sum(coalesce(octet_length(d.result::text), 0))
+                           over (partition by d.child order by d.parent) as used
+                from task_deps d
+                where d.child = any(array(select z.id from zero z))
+            ) x
+            group by x.child
         ),
         counted as (
             update tasks t
@@ -315,12 +312,10 @@ begin
                               else greatest(t.run_at, now()) end,
                 payload = case when t.blocked_on > c.n then t.payload
                                else t.payload || jsonb_build_object('$parents',
-                                   sweep_parents_input(t.id, (
-                                       select d.result_budget from task_deps d
-                                       where d.child = t.id limit 1)))
+                                   coalesce(i.entries, '[]'))
                           end,
                 updated_at = now()
-            from c
+            from c left join inputs i on i.child = c.id
             where t.id = c.id and t.state = 'blocked'
             returning t.id, t.tenant, t.task_type, t.run_at, t.state
         ),
