@@ -269,7 +269,8 @@ begin
         -- The others take their ended parents off their counts; zero makes them due, with
         -- their parents' ends in their input (the edges read here were written above, or by
         -- the parents' ends committed before this transaction locked the child).
-        -- The children this takes to zero get `$parents` in their input: one entry per parent
+        --
+        -- That input is `$parents`: one entry per parent
         -- in id order, {"id", "state", "result"}, where `result` is the parent's result if it
         -- succeeded. Results are included in that order while their running total stays
         -- within the edge's `result_budget` bytes (what the child's payload limit left); from

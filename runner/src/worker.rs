@@ -597,6 +597,9 @@ impl Worker {
 /// already took is handed on to whichever lane waits next.
 async fn spare_wakeup(lane: &Lane, poll: std::time::Duration) -> Option<OwnedSemaphorePermit> {
     let (mut woken, mut took_wake) = (false, false);
+    // The poll's backstop is a deadline: the runner's own wake-ups, which a busy runner sends
+    // often, must not push it back (it is what finds a queue that came due without a NOTIFY).
+    let mut backstop: Option<tokio::time::Instant> = None;
     loop {
         if lane.intake.has_room() {
             if took_wake {
@@ -612,8 +615,12 @@ async fn spare_wakeup(lane: &Lane, poll: std::time::Duration) -> Option<OwnedSem
             continue;
         }
         if !woken {
+            let deadline = *backstop.get_or_insert_with(|| tokio::time::Instant::now() + poll);
             let announced = lane.wakeups.announced();
-            let notified = lane.wakeups.wait(poll).await;
+            let notified = lane
+                .wakeups
+                .wait(deadline.saturating_duration_since(tokio::time::Instant::now()))
+                .await;
             took_wake |= notified;
             woken = !notified || lane.wakeups.announced() != announced;
             continue;

@@ -56,13 +56,13 @@ pub async fn list(state: AdminState, s: Session, q: Pairs) -> Page {
         (notice(notice_text))
         @for q in &paused {
             p.paused-banner #paused-banner {
+                "Queue " (q.tenant) "/" (q.task_type)
                 @if q.paused_at.is_none() && q.tenant_paused_at.is_none() {
-                    "Queue " (q.tenant) "/" (q.task_type) " has no module ready yet: its tasks \
-                     wait until its first version's compile ends ("
+                    " has no module ready yet: its tasks wait until its first version's compile \
+                     ends ("
                     a href="/ui/modules" { "Modules" } ")."
                 } @else {
-                    "Queue " (q.tenant) "/" (q.task_type) " is " (super::queues::pause_badge(q))
-                    ": its tasks wait until it is resumed ("
+                    " is " (super::queues::pause_badge(q)) ": its tasks wait until it is resumed ("
                     a href="/ui/queues" { "Queues" } ")."
                 }
             }
