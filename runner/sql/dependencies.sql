@@ -3,12 +3,12 @@
 -- A child is enqueued `blocked` with `blocked_on` = its parents that have not ended, and one
 -- `task_deps` row per parent (migrations/0004_workflows.sql). Each statement that ends a task
 -- (a report, the reaper's, a cancel) calls sweep_parents_ended for the tasks it ended, which
--- records each end on its edges and takes the ended parents off their children's counts: O(1)
--- per edge, however many parents a child has. The call that takes a count to zero makes the
--- child pending, with its parents' ids, states and results in its payload (`$parents`). A
--- parent that ended dead or cancelled instead cancels the child (unless the child was
--- enqueued to run anyway), and that cancel is an end like any other: its own children are
--- decided in the same call.
+-- takes the ended parents off their children's counts and records each end on the edges of
+-- the children still waiting: O(1) per edge, however many parents a child has. The call that
+-- takes a count to zero makes the child pending, with its parents' ids, states and results in
+-- its payload (`$parents`). A parent that ended dead or cancelled instead cancels the child
+-- (unless the child was enqueued to run anyway), and that cancel is an end like any other: its
+-- own children are decided in the same call.
 --
 -- Races, and why these are VOLATILE PL/pgSQL: each query here takes a fresh snapshot.
 --   - An enqueue locks its live parents FOR KEY SHARE until it commits; ending a parent
@@ -17,8 +17,11 @@
 --   - A parent that ended before the enqueue could lock it is not found live; the enqueue's
 --     next query (a fresh snapshot, after the lock wait) finds it finished or dead.
 --   - Two parents of one child ending at once: each locks the child (in id order) before it
---     changes its count; the second reads the count the first left, with a fresh snapshot, so
---     exactly one of them sees zero and releases the child.
+--     changes its count or writes its end on the edge; the second reads the count and the
+--     edge the first left, with a fresh snapshot, so exactly one of them sees zero and
+--     releases the child, with both ends in its input.
+--   - A cancel of a waiting child deletes the child, then its edges; an end locks the child,
+--     then writes the edges: the same order, so on these rows they wait, never deadlock.
 
 
 -- Enqueues tasks that wait for parents: the tasks as column arrays (as the enqueue's INSERT
@@ -204,16 +207,14 @@ begin
         return 0;
     end if;
     while cardinality(ids) > 0 loop
-        -- Each edge records its parent's end once (the parent ends once).
+        -- The edges these ends decide (a parent ends once, so each edge is decided once).
+        -- They are written below only for the children that go on waiting: a child decided
+        -- now has its edges deleted, and reads these ends from `ids` and `p_reports`.
         with ended as (
-            update task_deps d
-            set ended = e.state,
-                result = case when e.state = 'succeeded'
-                              then nullif(p_reports #> array[e.id::text, 'result'], 'null')
-                         end
-            from unnest(ids, states) as e(id, state)
-            where d.parent = e.id and d.ended is null
-            returning d.parent, d.child, d.ended, d.run_on_failure
+            select d.parent, d.child, e.state as ended, d.run_on_failure
+            from task_deps d
+            join unnest(ids, states) as e(id, state) on d.parent = e.id
+            where d.ended is null
         )
         select coalesce(array_agg(g.child order by g.child), '{}'),
                coalesce(array_agg(g.n order by g.child), '{}'),
@@ -267,8 +268,9 @@ begin
         select coalesce(array_agg(m.id order by m.id), '{}') into cancelled from moved m;
 
         -- The others take their ended parents off their counts; zero makes them due, with
-        -- their parents' ends in their input (the edges read here were written above, or by
-        -- the parents' ends committed before this transaction locked the child).
+        -- their parents' ends in their input: this round's from `ids`, the earlier ones from
+        -- the edges (written by the parents' ends committed before this transaction locked
+        -- the child).
         --
         -- That input is `$parents`: one entry per parent
         -- in id order, {"id", "state", "result"}, where `result` is the parent's result if it
@@ -297,11 +299,19 @@ begin
                                                     'result_omitted', true)
                        end order by x.parent) as entries
             from (
-                select d.child, d.parent, d.ended, d.result, d.result_budget,
-                       sum(coalesce(octet_length(d.result::text), 0))
-                           over (partition by d.child order by d.parent) as used
-                from task_deps d
-                where d.child = any(array(select z.id from zero z))
+                select y.*, sum(coalesce(octet_length(y.result::text), 0))
+                                over (partition by y.child order by y.parent) as used
+                from (
+                    select d.child, d.parent, d.result_budget,
+                           coalesce(d.ended, e.state) as ended,
+                           case when d.ended is not null then d.result
+                                when e.state = 'succeeded'
+                                then nullif(p_reports #> array[d.parent::text, 'result'], 'null')
+                           end as result
+                    from task_deps d
+                    left join unnest(ids, states) as e(id, state) on e.id = d.parent
+                    where d.child = any(array(select z.id from zero z))
+                ) y
             ) x
             group by x.child
         ),
@@ -338,7 +348,20 @@ begin
         changed := changed + cardinality(cancelled)
                    + (select count(*)::int4 from unnest(children, culprits) as c(id, culprit)
                       where c.culprit is null);
+        -- The edges of the children decided go; those still waiting keep these ends on
+        -- their edges, for the input they get once due. Deleted first, so the update finds
+        -- only the edges it is for (in a fan-out, where most children have one parent,
+        -- nearly every child is decided, and nothing is written only to be deleted).
         delete from task_deps where child = any(released || cancelled);
+        if cardinality(released) + cardinality(cancelled) < cardinality(children) then
+            update task_deps d
+            set ended = e.state,
+                result = case when e.state = 'succeeded'
+                              then nullif(p_reports #> array[e.id::text, 'result'], 'null')
+                         end
+            from unnest(ids, states) as e(id, state)
+            where d.parent = e.id and d.ended is null;
+        end if;
 
         -- The cancelled children ended too: their own children are next.
         ids := cancelled;

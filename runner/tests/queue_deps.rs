@@ -233,6 +233,9 @@ async fn a_child_of_ten_thousand_parents_becomes_due_exactly_once(
     let entries = t.payload["$parents"].as_array().unwrap();
     assert_eq!(entries.len(), PARENTS);
     assert!(entries.iter().all(|e| e["state"] == "succeeded"));
+    // Each parent's own result: those written on the edges by earlier statements and those
+    // of the statement that released the child alike.
+    assert!(entries.iter().all(|e| e["result"] == json!({ "i": e["id"] })), "{entries:?}");
     let runner = new_runner();
     assert_eq!(claim_type(&pool, runner, "child", 10).await.len(), 1);
     assert!(claim_type(&pool, runner, "child", 10).await.is_empty(), "claimed once");
