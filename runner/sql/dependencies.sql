@@ -195,6 +195,7 @@ as $$
 declare
     ids       int8[] := p_ids;
     states    text[] := p_states;
+    results   jsonb[];
     children  int8[];
     counts    int4[];
     culprits  int8[];
@@ -207,9 +208,17 @@ begin
         return 0;
     end if;
     while cardinality(ids) > 0 loop
+        -- What each end hands on: a succeeded one's result as its report sent it, else null.
+        select coalesce(array_agg(case when e.state = 'succeeded'
+                                       then nullif(p_reports #> array[e.id::text, 'result'],
+                                                   'null')
+                                  end order by e.n), '{}')
+        into results
+        from unnest(ids, states) with ordinality as e(id, state, n);
+
         -- The edges these ends decide (a parent ends once, so each edge is decided once).
         -- They are written below only for the children that go on waiting: a child decided
-        -- now has its edges deleted, and reads these ends from `ids` and `p_reports`.
+        -- now has its edges deleted, and reads these ends from `ids` and `results`.
         with ended as (
             select d.parent, d.child, e.state as ended, d.run_on_failure
             from task_deps d
@@ -268,8 +277,8 @@ begin
         select coalesce(array_agg(m.id order by m.id), '{}') into cancelled from moved m;
 
         -- The others take their ended parents off their counts; zero makes them due, with
-        -- their parents' ends in their input: this round's from `ids`, the earlier ones from
-        -- the edges (written by the parents' ends committed before this transaction locked
+        -- their parents' ends in their input: this round's from `results`, the earlier ones
+        -- from the edges (written by the parents' ends committed before this transaction locked
         -- the child).
         --
         -- That input is `$parents`: one entry per parent
@@ -304,12 +313,10 @@ begin
                 from (
                     select d.child, d.parent, d.result_budget,
                            coalesce(d.ended, e.state) as ended,
-                           case when d.ended is not null then d.result
-                                when e.state = 'succeeded'
-                                then nullif(p_reports #> array[d.parent::text, 'result'], 'null')
-                           end as result
+                           case when d.ended is null then e.result else d.result end as result
                     from task_deps d
-                    left join unnest(ids, states) as e(id, state) on e.id = d.parent
+                    left join unnest(ids, states, results) as e(id, state, result)
+                           on e.id = d.parent
                     where d.child = any(array(select z.id from zero z))
                 ) y
             ) x
@@ -355,11 +362,8 @@ begin
         delete from task_deps where child = any(released || cancelled);
         if cardinality(released) + cardinality(cancelled) < cardinality(children) then
             update task_deps d
-            set ended = e.state,
-                result = case when e.state = 'succeeded'
-                              then nullif(p_reports #> array[e.id::text, 'result'], 'null')
-                         end
-            from unnest(ids, states) as e(id, state)
+            set ended = e.state, result = e.result
+            from unnest(ids, states, results) as e(id, state, result)
             where d.parent = e.id and d.ended is null;
         end if;
 

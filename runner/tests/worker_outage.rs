@@ -25,10 +25,7 @@ const OUTAGE: Duration = Duration::from_secs(6);
 const TASK_MS: u64 = 2000;
 
 fn config() -> WorkerConfig {
-    // Capabilities cached for the whole test, so a warmed runner starts a claimed task's
-    // guest without reading the database (see `warm_up`).
-    let mut c =
-        WorkerConfig { lease: LEASE, capabilities_ttl: Duration::from_secs(600), ..test_config() };
+    let mut c = WorkerConfig { lease: LEASE, ..test_config() };
     c.maintenance.reaper_interval = Duration::from_millis(100);
     c
 }
@@ -55,7 +52,7 @@ async fn enqueue_naps(db: &Stores, n: usize) -> Vec<TaskId> {
 }
 
 /// Runs one short nap to its end, so the module is compiled and the task type's capabilities
-/// are cached. Without it, a claimed task's first run reads both from the database: "running"
+/// are cached (for the runner's `capabilities_ttl`: set it longer than the test). Without it, a claimed task's first run reads both from the database: "running"
 /// in the table would not mean its guest had started, and a task that waited out the outage
 /// for those reads would start late and be reported in time, which is not what these tests
 /// are about.
@@ -109,7 +106,11 @@ async fn a_task_that_finishes_during_an_outage_is_recorded_as_finished() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_past_the_hold_are_given_up_and_their_tasks_run_again() {
     let (pg, db) = server().await;
-    let config = WorkerConfig { report_hold: Duration::from_millis(500), ..config() };
+    let config = WorkerConfig {
+        report_hold: Duration::from_millis(500),
+        capabilities_ttl: Duration::from_secs(600),
+        ..config()
+    };
     let runner = start_worker(&db, config);
     warm_up(&db).await;
     let ids = enqueue_naps(&db, 4).await;
