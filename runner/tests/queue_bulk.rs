@@ -93,14 +93,57 @@ async fn empty_queue(pool: &PgPool) {
     sqlx::query("delete from sweep.queues").execute(pool).await.unwrap();
 }
 
+/// Follow-ups take their max_attempts as an enqueue does: their own, else the active module's
+/// of their queue (their parent's tenant, their type), else the default.
+#[sqlx::test(migrations = false)]
+async fn follow_ups_take_their_own_queues_module_default(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    sweep::admin::create_tenant(&pool, "acme", &queue::TenantCaps::default()).await.unwrap();
+    for (tenant, default) in [("default", 9), ("acme", 7)] {
+        let settings = ModuleSettings { max_attempts: Some(default), ..ModuleSettings::default() };
+        register_empty(&pool, tenant, "defaulted", settings).await;
+    }
+    queue::enqueue(&pool, NewTask::new("parent", json!({})).tenant("acme")).await.unwrap();
+    let runner = uuid::Uuid::new_v4();
+    let lease = Duration::from_secs(60);
+    let parent = queue::claim_batch(&pool, runner, 1, &["parent".to_owned()], lease).await.unwrap();
+    let done = queue::Completion {
+        id: parent[0].id,
+        attempt: parent[0].attempt,
+        result: json!({}),
+        module_sha256: None,
+        logs: None,
+        follow_ups: vec![
+            NewTask::new("defaulted", json!({"n": 0})),
+            NewTask::new("defaulted", json!({"n": 1})).max_attempts(3),
+            NewTask::new("plain", json!({"n": 2})),
+        ],
+        usage: None,
+    };
+    assert!(queue::complete_batch(&pool, runner, &[done]).await.unwrap().is_empty());
+    let got: Vec<(String, String, i32)> = sqlx::query_as(
+        "select tenant, task_type, max_attempts from sweep.tasks order by (payload ->> 'n')::int",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let acme = |t: &str, n| ("acme".to_owned(), t.to_owned(), n);
+    assert_eq!(
+        got,
+        [acme("defaulted", 7), acme("defaulted", 3), acme("plain", queue::DEFAULT_MAX_ATTEMPTS)]
+    );
+}
+
 #[sqlx::test(migrations = false)]
 async fn copy_writes_the_rows_and_hints_insert_writes(_: PgPoolOptions, db: PgConnectOptions) {
     let db = migrated(db).await;
     let pool = db.pool();
     sweep::admin::create_tenant(&pool, "acme", &queue::TenantCaps::default()).await.unwrap();
     queue::set_tenant_weight(&pool, "acme", 3).await.unwrap();
-    for tenant in ["default", "acme"] {
-        let defaults = ModuleSettings { max_attempts: Some(9), ..ModuleSettings::default() };
+    // Each tenant's "defaulted" module sets a default of its own: a task takes its queue's.
+    for (tenant, default) in [("default", 9), ("acme", 7)] {
+        let defaults = ModuleSettings { max_attempts: Some(default), ..ModuleSettings::default() };
         register_empty(&pool, tenant, "defaulted", defaults).await;
         let capped = ModuleSettings { max_running: Some(4), ..ModuleSettings::default() };
         register_empty(&pool, tenant, "capped", capped).await;
@@ -133,8 +176,22 @@ async fn copy_writes_the_rows_and_hints_insert_writes(_: PgPoolOptions, db: PgCo
     }
     assert_eq!(insert.1, copy.1, "queue rows (weights, running limits copied alike)");
     // The defaults really were exercised.
-    let defaulted = insert.0.iter().filter(|r| r["max_attempts"] == 9).count();
-    assert!(defaulted > 0 && insert.0.iter().any(|r| r["max_attempts"] == 5));
+    for (tenant, default) in [("default", 9), ("acme", 7)] {
+        // The tasks of the type without a max_attempts of their own (`mixed_batch` gives one
+        // to every fourth).
+        let defaulted: Vec<&Value> = insert
+            .0
+            .iter()
+            .filter(|r| r["tenant"] == tenant && r["task_type"] == "defaulted")
+            .filter(|r| r["payload"]["i"].as_u64().is_some_and(|i| i % 4 != 0))
+            .collect();
+        assert!(!defaulted.is_empty(), "{tenant}");
+        assert!(
+            defaulted.iter().all(|r| r["max_attempts"] == default),
+            "{tenant}: its own module's default, never another tenant's"
+        );
+    }
+    assert!(insert.0.iter().any(|r| r["max_attempts"] == 5));
     assert_eq!(insert.0[0]["state"], "pending");
 }
 

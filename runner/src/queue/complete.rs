@@ -415,7 +415,7 @@ const COMPLETE_SPAWNING: &str = complete_statement!(
         r#"
     spawn as materialized (
         select nextval((select pg_get_serial_sequence('sweep.tasks', 'id')::regclass)) as id,
-               s.parent, s.tenant, s.task, s.ord
+               s.parent, s.tenant, s.task ->> 'task_type' as task_type, s.task, s.ord
         from (select d.id as parent, d.tenant, f.task, f.ord
               from done d
               cross join lateral jsonb_array_elements(d.report -> 'follow_ups')
@@ -424,16 +424,16 @@ const COMPLETE_SPAWNING: &str = complete_statement!(
               order by d.id, f.ord) s
     ),
     "#,
-        module_defaults_cte!(),
+        module_defaults_cte!("select tenant, task_type from spawn"),
         r#"
     spawned as (
         insert into sweep.tasks (id, tenant, task_type, payload, priority, run_at, max_attempts)
-        select s.id, s.tenant, s.task ->> 'task_type', s.task -> 'payload',
+        select s.id, s.tenant, s.task_type, s.task -> 'payload',
                (s.task ->> 'priority')::int4,
                coalesce((s.task ->> 'run_at')::timestamptz,
                         now() + (s.task ->> 'delay_ms')::int8 * interval '1 millisecond'),
                coalesce((s.task ->> 'max_attempts')::int4,
-                        (d.by_type ->> (s.tenant || '/' || (s.task ->> 'task_type')))::int4, $4)
+                        (d.by_type ->> (s.tenant || '/' || s.task_type))::int4, $4)
         -- In id order already: `spawn` is materialized in the order its ids were drawn.
         from spawn s
         cross join module_defaults d

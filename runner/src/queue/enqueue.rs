@@ -341,7 +341,7 @@ const INSERT_PLAIN: &str = concat!(
                  as i(tenant, task_type, payload, priority, run_at, delay_ms, max_attempts)
         ),
         "#,
-    module_defaults_cte!(),
+    module_defaults_cte!("select tenant, task_type from input"),
     r#"
         inserted as (
             insert into sweep.tasks (id, tenant, task_type, payload, priority, run_at, max_attempts)
@@ -376,7 +376,7 @@ const INSERT_DEDUP: &str = concat!(
                       dedup_key, ord)
         ),
         "#,
-    module_defaults_cte!(),
+    module_defaults_cte!("select tenant, task_type from input"),
     r#"
         inserted as (
             insert into sweep.tasks (id, tenant, task_type, payload, priority, run_at, max_attempts,
