@@ -1,13 +1,18 @@
 //! What a WASI 0.2 component costs the sandbox next to a preview-1 module, and what the egress
 //! check costs an outbound request.
 //!
-//! run with `cargo bench -p sweep-benches --bench components` (after `scripts/build-modules.sh
-//! noop component-noop component-probe`)
+//! run with `cargo bench -p sweep-benches --bench components` (after `scripts/build-modules.sh`,
+//! which builds the Rust, Python and JavaScript guests)
 //!
 //! - `components/pooled/{module_noop,component_noop}`: `Sandbox::run` of the Rust no-op as a
 //!   preview-1 module (`modules/noop`, the SDK) and as a component (`components/component-noop`,
 //!   the same work: read the payload, parse it, write `{}`), in the same run; the target is
 //!   component / module ≤ 1.5;
+//! - `components/big/{python_hello,js_hello}/{image,no_image}`: `Sandbox::run` of the
+//!   componentize-py and componentize-js hello guests (`guests/python-hello`, `guests/js-hello`,
+//!   tens of MB of pre-initialized interpreter), with their memory instantiated from its
+//!   copy-on-write image (the default) and copied in at every instantiation instead
+//!   (`SandboxConfig::memory_images` off): what the prepared image buys a big guest;
 //! - `egress/check`: the egress layer's decision for one request (`allows_host` on the URL's
 //!   host, `allows_address` on the address to dial) against a 10-entry allow list;
 //! - `egress/loopback_request`: one component run that sends one request to a loopback server
@@ -42,6 +47,30 @@ fn noops(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.to_async(&rt).iter(|| sandbox.run(&handler, &input, &limits))
         });
+    }
+    group.finish();
+}
+
+fn big_guests(c: &mut Criterion) {
+    let rt = runtime();
+    let input = TaskInput::new("1", "hello", 1, 5, &json!({ "i": 1 }));
+    let limits = Limits::DEFAULT;
+    let mut group = c.benchmark_group("components/big");
+    group.throughput(Throughput::Elements(1));
+    for (guest, bytes) in [
+        ("python_hello", component_bytes("python-hello")),
+        ("js_hello", component_bytes("js-hello")),
+    ] {
+        for (image, memory_images) in [("image", true), ("no_image", false)] {
+            let config = SandboxConfig { memory_images, ..SandboxConfig::default() };
+            let sandbox = Sandbox::new(config).expect("sandbox");
+            let handler = sandbox.compile(&bytes).expect("compile");
+            let first = rt.block_on(sandbox.run(&handler, &input, &limits));
+            assert!(matches!(first.outcome, Outcome::Success(_)), "{guest}/{image}: {first:?}");
+            group.bench_function(format!("{guest}/{image}"), |b| {
+                b.to_async(&rt).iter(|| sandbox.run(&handler, &input, &limits))
+            });
+        }
     }
     group.finish();
 }
@@ -84,5 +113,5 @@ fn egress(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, noops, egress);
+criterion_group!(benches, noops, big_guests, egress);
 criterion_main!(benches);

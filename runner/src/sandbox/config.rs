@@ -69,6 +69,9 @@ pub enum ConfigError {
         /// The maximum, rendered.
         maximum: String,
     },
+    /// Two settings that cannot go together.
+    #[error("{0}")]
+    Conflict(&'static str),
     /// A value is outside the range this runner supports.
     #[error("{field} = {value} is outside the supported range {range}")]
     OutOfRange {
@@ -202,6 +205,11 @@ pub struct SandboxConfig {
     pub compile: CompileLimits,
     /// Where modules are compiled.
     pub compiler: CompilerKind,
+    /// Instantiate linear memories from a copy-on-write image of their initial contents
+    /// (wasmtime's `memory_init_cow`): a big pre-initialized guest (CPython, SpiderMonkey) maps
+    /// its image instead of copying it. Off only to measure what the image buys
+    /// (`benches/benches/components.rs`).
+    pub memory_images: bool,
 }
 
 impl Default for SandboxConfig {
@@ -214,6 +222,7 @@ impl Default for SandboxConfig {
             maxima: Limits::MAXIMA,
             compile: CompileLimits::default(),
             compiler: CompilerKind::default(),
+            memory_images: true,
         }
     }
 }
@@ -246,6 +255,14 @@ impl SandboxConfig {
                 value: format!("{:?}", self.maxima.timeout),
                 range: "1ns..=24h",
             });
+        }
+        // The child compiles with wasmtime's defaults, images on; an engine without them
+        // refuses its artifacts (wasmtime checks the setting when it loads one).
+        if !self.memory_images && self.compiler != CompilerKind::InProcess {
+            return Err(ConfigError::Conflict(
+                "memory_images off needs the in-process compiler (the compile child's \
+                 artifacts are made for memory images)",
+            ));
         }
         if self.maxima.memory_bytes > WASM32_MEMORY_LIMIT {
             return Err(ConfigError::OutOfRange {
@@ -325,6 +342,15 @@ mod tests {
         let maxima = Limits { fuel: 1, ..Limits::MAXIMA };
         let got = Limits::resolve(&Limits::DEFAULT, &LimitOverrides::default(), &maxima);
         assert_eq!(got.fuel, 1);
+    }
+
+    #[test]
+    fn memory_images_off_needs_the_in_process_compiler() {
+        let child = CompilerKind::Child { program: "sweep".into() };
+        let off = SandboxConfig { memory_images: false, ..SandboxConfig::default() };
+        assert!(off.validate().is_ok());
+        let cfg = SandboxConfig { compiler: child, ..off };
+        assert!(matches!(cfg.validate(), Err(ConfigError::Conflict(_))));
     }
 
     #[test]

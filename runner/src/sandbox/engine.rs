@@ -62,6 +62,7 @@ pub(crate) fn build_engine(
     if config.pooling {
         let mut wasm_config = base_config();
         wasm_config
+            .memory_init_cow(config.memory_images)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pooling_config(config)));
         match Engine::new(&wasm_config) {
             Ok(engine) => return Ok((engine, AllocatorKind::Pooling)),
@@ -72,8 +73,10 @@ pub(crate) fn build_engine(
             ),
         }
     }
+    let mut wasm_config = base_config();
+    wasm_config.memory_init_cow(config.memory_images);
     let engine =
-        Engine::new(&base_config()).map_err(|e| SandboxError::Engine(e.into_boxed_dyn_error()))?;
+        Engine::new(&wasm_config).map_err(|e| SandboxError::Engine(e.into_boxed_dyn_error()))?;
     Ok((engine, AllocatorKind::OnDemand))
 }
 
