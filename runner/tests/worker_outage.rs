@@ -52,10 +52,10 @@ async fn enqueue_naps(db: &Stores, n: usize) -> Vec<TaskId> {
 }
 
 /// Runs one short nap to its end, so the module is compiled and the task type's capabilities
-/// are cached (for the runner's `capabilities_ttl`: set it longer than the test). Without it, a claimed task's first run reads both from the database: "running"
-/// in the table would not mean its guest had started, and a task that waited out the outage
-/// for those reads would start late and be reported in time, which is not what these tests
-/// are about.
+/// are cached (for the runner's `capabilities_ttl`: set it longer than the test). Without it,
+/// a claimed task's first run reads both from the database: "running" in the table would not
+/// mean its guest had started, and a task that waited out the outage for those reads would
+/// start late and be reported in time, which is not what these tests are about.
 async fn warm_up(db: &Stores) {
     let task = NewTask::new("nap", json!({ "sleep_ms": 0 }));
     let id = queue::enqueue(&db.pool(), task).await.unwrap().id;

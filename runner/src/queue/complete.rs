@@ -425,7 +425,7 @@ const COMPLETE_SPAWNING: &str = complete_statement!(
     ),
     "#,
         module_defaults_cte!("select tenant, task_type from spawn"),
-        r#"
+        r#",
     spawned as (
         insert into sweep.tasks (id, tenant, task_type, payload, priority, run_at, max_attempts)
         select s.id, s.tenant, s.task_type, s.task -> 'payload',

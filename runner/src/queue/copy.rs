@@ -42,19 +42,17 @@ pub const COPY_MIN_BATCH: usize = 1_000;
 /// that Postgres starts on the first rows while the rest are still on the way.
 const SEND_CHUNK: usize = 1 << 20;
 
-const COPY_PRELUDE: &str = r#"
+const COPY_PRELUDE: &str = concat!(
+    "with ",
+    module_defaults_cte!("select * from unnest($2::text[], $3::text[])"),
+    r#"
     select now() as now,
            array(select nextval((select pg_get_serial_sequence('sweep.tasks', 'id')::regclass))
                  from generate_series(1, $1::int8)) as ids,
-           coalesce((select jsonb_object_agg(a.tenant || '/' || a.task_type, m.max_attempts)
-                     from unnest($2::text[], $3::text[]) as q(tenant, task_type)
-                     join sweep.active_modules a
-                       on a.tenant = q.tenant and a.task_type = q.task_type
-                     join sweep.modules m
-                       on m.tenant = a.tenant and m.task_type = a.task_type
-                      and m.version = a.version
-                     where m.max_attempts is not null), '{}') as defaults
-"#;
+           d.by_type as defaults
+    from module_defaults d
+"#
+);
 
 /// The fixed-size columns first: their place in each tuple is known before the prelude has
 /// answered, so they are written as placeholders and filled in afterwards.

@@ -342,7 +342,7 @@ const INSERT_PLAIN: &str = concat!(
         ),
         "#,
     module_defaults_cte!("select tenant, task_type from input"),
-    r#"
+    r#",
         inserted as (
             insert into sweep.tasks (id, tenant, task_type, payload, priority, run_at, max_attempts)
             select input.id, input.tenant, input.task_type, input.payload::jsonb, input.priority,
@@ -377,7 +377,7 @@ const INSERT_DEDUP: &str = concat!(
         ),
         "#,
     module_defaults_cte!("select tenant, task_type from input"),
-    r#"
+    r#",
         inserted as (
             insert into sweep.tasks (id, tenant, task_type, payload, priority, run_at, max_attempts,
                                dedup_key)

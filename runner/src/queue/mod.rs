@@ -112,8 +112,8 @@ macro_rules! wake_queues_cte {
     };
 }
 
-/// The `module_defaults` CTE of the statements that insert tasks (enqueue.rs, and the
-/// completion that spawns follow-ups): one row, `{"<tenant>/<task_type>": max_attempts}` for
+/// The `module_defaults` CTE of the statements that insert tasks (enqueue.rs, copy.rs's prelude,
+/// and the completion that spawns follow-ups): one row, `{"<tenant>/<task_type>": max_attempts}` for
 /// the active module of each queue `$keys` names (a query returning `tenant, task_type`, the
 /// statement's own input), where that module sets one (tenant names have no '/'). Each input
 /// row looks its type up by key; a join here was planned (generic plan, input size unknown) as
@@ -144,7 +144,7 @@ macro_rules! module_defaults_cte {
                 -- it ran twice: once for the filter, once for the value).
                 offset 0
             ) d
-        ),"#
+        )"#
         )
     };
 }

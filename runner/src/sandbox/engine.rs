@@ -59,10 +59,12 @@ impl fmt::Display for AllocatorKind {
 pub(crate) fn build_engine(
     config: &SandboxConfig,
 ) -> Result<(Engine, AllocatorKind), SandboxError> {
+    // What the runner's engine adds to the compile settings: how it instantiates.
+    let mut runtime = base_config();
+    runtime.memory_init_cow(config.memory_images);
     if config.pooling {
-        let mut wasm_config = base_config();
+        let mut wasm_config = runtime.clone();
         wasm_config
-            .memory_init_cow(config.memory_images)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pooling_config(config)));
         match Engine::new(&wasm_config) {
             Ok(engine) => return Ok((engine, AllocatorKind::Pooling)),
@@ -73,10 +75,8 @@ pub(crate) fn build_engine(
             ),
         }
     }
-    let mut wasm_config = base_config();
-    wasm_config.memory_init_cow(config.memory_images);
     let engine =
-        Engine::new(&wasm_config).map_err(|e| SandboxError::Engine(e.into_boxed_dyn_error()))?;
+        Engine::new(&runtime).map_err(|e| SandboxError::Engine(e.into_boxed_dyn_error()))?;
     Ok((engine, AllocatorKind::OnDemand))
 }
 
