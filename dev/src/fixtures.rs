@@ -23,6 +23,18 @@ pub async fn fill_finished(
     task_type: &str,
     n: usize,
 ) -> Result<(), QueueError> {
+    fill_finished_among(pool, &["default".to_owned()], &[task_type.to_owned()], n).await
+}
+
+/// [`fill_finished`] over several tenants and task types: row g is of tenant
+/// `tenants[g % tenants.len()]` and type `task_types[(g / tenants.len()) % task_types.len()]`,
+/// so every (tenant, type) gets its share on every day.
+pub async fn fill_finished_among(
+    pool: &sqlx::PgPool,
+    tenants: &[String],
+    task_types: &[String],
+    n: usize,
+) -> Result<(), QueueError> {
     let n = sql_count(n);
     if n == 0 {
         return Ok(());
@@ -54,21 +66,23 @@ pub async fn fill_finished(
                     insert into sweep.finished_tasks (id, tenant, task_type, payload, state,
                                                 priority, attempts, max_attempts, run_at, errors,
                                                 result, created_at, started_at, finished_at)
-                    select $1 + g, 'default', $2, '{"i": 0}', $3, 0, 1, 5, t, '[]', '{}', t,
-                           null, t
+                    select $1 + g, $9[(1 + g % cardinality($9))::int4],
+                           $2[(1 + (g / cardinality($9)) % cardinality($2))::int4], '{"i": 0}',
+                           $3, 0, 1, 5, t, '[]', '{}', t, null, t
                     from generate_series($4::int8, $5::int8 - 1) g,
                          lateral (select $6::timestamptz
                                          + g * ($7 * interval '1 day' / $8::int8) as t) f
                     "#,
                 )
                 .bind(first_id)
-                .bind(task_type)
+                .bind(task_types)
                 .bind(TaskState::Succeeded.as_str())
                 .bind(lo)
                 .bind(hi)
                 .bind(start)
                 .bind(FILL_DAYS)
                 .bind(n)
+                .bind(tenants)
                 .execute(pool)
                 .await?;
             }
@@ -78,6 +92,55 @@ pub async fn fill_finished(
     tokio::try_join!(half(0), half(1))?;
     sqlx::query(r#"vacuum analyze sweep.finished_tasks"#).execute(pool).await?;
     sqlx::query(r#"checkpoint"#).execute(pool).await?;
+    Ok(())
+}
+
+/// `n` dead tasks spread over `tenants` and `task_types` as [`fill_finished_among`] spreads
+/// history, all died now.
+pub async fn fill_dead_among(
+    pool: &sqlx::PgPool,
+    tenants: &[String],
+    task_types: &[String],
+    n: usize,
+) -> Result<(), QueueError> {
+    sqlx::query(
+        r#"
+        insert into sweep.dead_tasks (id, tenant, task_type, payload, priority, attempts,
+                                      max_attempts, errors, reason, created_at)
+        select nextval('sweep.tasks_id_seq'), $1[(1 + g % cardinality($1))::int4],
+               $2[(1 + (g / cardinality($1)) % cardinality($2))::int4], '{}', 0, 1, 1, '[]',
+               'exhausted', now()
+        from generate_series(0, $3 - 1) g
+        "#,
+    )
+    .bind(tenants)
+    .bind(task_types)
+    .bind(sql_count(n))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The per-minute counters busy runners leave for every (tenant, type) over the last hour
+/// and the minute now running: 100 successes, one failed attempt and its start in each.
+pub async fn fill_minutes_among(
+    pool: &sqlx::PgPool,
+    tenants: &[String],
+    task_types: &[String],
+) -> Result<(), QueueError> {
+    sqlx::query(
+        r#"
+        insert into sweep.task_minutes (tenant, task_type, minute, succeeded, failed, failures,
+                                        started)
+        select t, ty, date_trunc('minute', now()) - m * interval '1 minute', 100, 1,
+               '{"trap": 1}', 101
+        from unnest($1::text[]) t, unnest($2::text[]) ty, generate_series(0, 60) m
+        "#,
+    )
+    .bind(tenants)
+    .bind(task_types)
+    .execute(pool)
+    .await?;
     Ok(())
 }
 

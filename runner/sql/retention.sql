@@ -15,6 +15,9 @@
 --             batches. A day partition is never deleted from row by row: it is dropped once
 --             wholly older than the TTL, so a finished task is kept at least the TTL and at
 --             most the TTL plus one day.
+--   subtracts what it drops or deletes from the kept counts (history_counts.sql): it works on
+--             partitions directly, where the parent's statement triggers do not fire. A
+--             dropped partition is counted before it goes (one scan of a day, once).
 --
 -- Locks: a partition is created as a plain table and then ATTACHed, which takes SHARE UPDATE
 -- EXCLUSIVE on the parent (completions and reads go on) and ACCESS EXCLUSIVE on the default
@@ -121,10 +124,16 @@ as $$
 declare
     -- (A TTL past a century is a century: the interval must not overflow.)
     cutoff timestamptz := now() - least(p_keep_ms, 3155760000000) * interval '1 millisecond';
+    -- The counts (negated) of the finished rows of the relation it is formatted with.
+    uncounted constant text := 'select tenant, task_type, (finished_at at time zone ''UTC'')::date,
+                                      -count(*) filter (where state = ''succeeded''),
+                                      -count(*) filter (where state = ''cancelled''), 0::int8
+                               from %s group by 1, 2, 3';
     fallback regclass;
     d timestamptz;
     p record;
     n bigint;
+    gone history_counts[];
 begin
     created := 0;
     dropped := 0;
@@ -160,7 +169,12 @@ begin
         order by f.upper
     loop
         begin
+            -- What the partition held leaves the kept counts with it (history_counts.sql).
+            execute format('select array(select row(g.*)::history_counts from (%s) g)',
+                           format(uncounted, p.part))
+                into gone;
             execute format('drop table %s', p.part);
+            perform sweep_history_add(gone);
             dropped := dropped + 1;
         exception when lock_not_available then
             exit;
@@ -171,15 +185,23 @@ begin
         select * from sweep_finished_partitions() f
         where f.is_default or f.lower is null
     loop
-        execute format('delete from %s where ctid = any(array(
-                            select ctid from %s where finished_at < $1
-                            order by finished_at limit $2 for update skip locked))',
-                       p.part, p.part)
-        using cutoff, p_batch - deleted;
-        get diagnostics n = row_count;
+        execute format('with gone as (
+                            delete from %s where ctid = any(array(
+                                select ctid from %s where finished_at < $1
+                                order by finished_at limit $2 for update skip locked))
+                            returning tenant, task_type, finished_at, state)
+                        select (select count(*) from gone),
+                               array(select row(g.*)::history_counts from (%s) g)',
+                       p.part, p.part, format(uncounted, 'gone'))
+        using cutoff, p_batch - deleted
+        into n, gone;
+        perform sweep_history_add(gone);
         deleted := deleted + n;
         exit when deleted >= p_batch;
     end loop;
+    if dropped > 0 or deleted > 0 then
+        delete from history_counts where succeeded = 0 and cancelled = 0 and dead = 0;
+    end if;
     return next;
 end
 $$;

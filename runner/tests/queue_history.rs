@@ -8,7 +8,7 @@ mod common;
 
 use std::{collections::HashMap, time::Duration};
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use common::*;
 use serde_json::{json, Value};
 use sqlx::{
@@ -78,6 +78,33 @@ async fn in_default(pool: &PgPool) -> i64 {
         .unwrap()
 }
 
+/// The kept counts (`history_counts`, which `GET /v1/stats` reads) against a count of the
+/// tables they stand for; a row whose counts all went back to zero is the same as none.
+async fn assert_counts_kept(pool: &PgPool) {
+    type Row = (String, String, NaiveDate, i64, i64, i64);
+    let kept: Vec<Row> = sqlx::query_as(
+        "select tenant, task_type, day, succeeded, cancelled, dead from sweep.history_counts
+         where (succeeded, cancelled, dead) <> (0, 0, 0) order by 1, 2, 3",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let counted: Vec<Row> = sqlx::query_as(
+        "select tenant, task_type, day, sum(s)::int8, sum(c)::int8, sum(d)::int8
+         from (select tenant, task_type, (finished_at at time zone 'UTC')::date as day,
+                      (state = 'succeeded')::int as s, (state = 'cancelled')::int as c, 0 as d
+               from sweep.finished_tasks
+               union all
+               select tenant, task_type, (died_at at time zone 'UTC')::date, 0, 0, 1
+               from sweep.dead_tasks) every
+         group by 1, 2, 3 order by 1, 2, 3",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(kept, counted, "kept counts against the history");
+}
+
 /// Claims and completes `n` new tasks of type "t"; returns their ids.
 async fn complete_new(pool: &PgPool, n: i64) -> Vec<TaskId> {
     enqueue_n(pool, "t", n).await;
@@ -139,6 +166,7 @@ async fn finished_tasks_land_in_their_days_partition_and_the_default_catches_the
 
     let again = queue::retain_finished(&pool, 7 * DAY, 100).await.unwrap();
     assert_eq!(again, queue::Retention::default(), "nothing left to do");
+    assert_counts_kept(&pool).await;
 }
 
 #[sqlx::test(migrations = false)]
@@ -183,6 +211,7 @@ async fn retention_drops_partitions_wholly_older_than_the_ttl_and_keeps_newer_ro
     // Every partition still needed is there: new completions land in today's.
     let more = complete_new(&pool, 3).await;
     assert_eq!(partition_of(&pool, more[0]).await, day_partition(&pool, 0).await);
+    assert_counts_kept(&pool).await;
 }
 
 #[sqlx::test(migrations = false)]
@@ -225,6 +254,7 @@ async fn retention_deletes_expired_rows_outside_day_partitions_in_batches(
         .await
         .unwrap();
     assert_eq!(history, 0, "every finished task was old enough to go");
+    assert_counts_kept(&pool).await;
 }
 
 #[sqlx::test(migrations = false)]
@@ -297,6 +327,78 @@ async fn runners_maintaining_at_once_neither_fail_nor_duplicate_partitions(
     .await
     .unwrap();
     assert_eq!(history, 90, "the expired row went with its partition, the others stayed");
+    assert_counts_kept(&pool).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn kept_counts_follow_every_end_and_every_removal(_: PgPoolOptions, db: PgConnectOptions) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let done = complete_new(&pool, 3).await;
+    let cancelled = enqueue_n(&pool, "t", 1).await[0];
+    queue::cancel(&pool, None, cancelled).await.unwrap();
+    queue::enqueue(&pool, task("t", 9).tenant("acme").max_attempts(1)).await.unwrap();
+    let runner = new_runner();
+    let failing = claim(&pool, runner, 1).await.remove(0);
+    let failure = queue::Failure {
+        id: failing.id,
+        attempt: 1,
+        kind: FailureKind::Trap,
+        message: "x".into(),
+        permanent: true,
+        retry_delay: Duration::ZERO,
+        detail: json!({}),
+        module_sha256: None,
+        usage: None,
+    };
+    queue::fail_batch(&pool, runner, &[failure]).await.unwrap();
+    assert_eq!(state(&pool, failing.id).await, TaskState::Dead);
+    assert_counts_kept(&pool).await;
+    let counts = |stats: &[queue::TypeStats]| -> Vec<(String, i64, i64, i64)> {
+        stats.iter().map(|s| (s.tenant.clone(), s.succeeded, s.cancelled, s.dead)).collect()
+    };
+    let stats = queue::queue_stats(&pool, None).await.unwrap();
+    assert_eq!(counts(&stats), [("acme".into(), 0, 0, 1), ("default".into(), 3, 1, 0)]);
+
+    // Deleted for good, requeued: out of the counts in the same statement.
+    let deleted = queue::delete_tasks(&pool, None, &[done[0], cancelled]).await.unwrap();
+    assert_eq!(deleted.len(), 2);
+    queue::requeue(&pool, None, failing.id).await.unwrap();
+    assert_counts_kept(&pool).await;
+    let stats = queue::queue_stats(&pool, None).await.unwrap();
+    assert_eq!(counts(&stats), [("acme".into(), 0, 0, 0), ("default".into(), 2, 0, 0)]);
+    assert_eq!(stats[0].pending, 1, "the requeued task");
+
+    // A hand-made fix that moves rows to another day moves their counts with them.
+    sqlx::query("update sweep.finished_tasks set finished_at = finished_at - interval '2 days'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_counts_kept(&pool).await;
+
+    // A database whose history was not counted yet (as before the counts existed): the next
+    // install counts what is there and keeps counting.
+    for table in ["finished_tasks", "dead_tasks"] {
+        for event in ["insert", "delete", "update", "truncate"] {
+            sqlx::query(&format!("drop trigger history_counts_{event} on sweep.{table}"))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    }
+    sqlx::query("delete from sweep.history_counts").execute(&pool).await.unwrap();
+    insert_finished(&pool, 900_001, 0.0).await;
+    insert_finished(&pool, 900_002, 1.0).await;
+    queue::migrate_with(db.options.clone()).await.unwrap();
+    assert_counts_kept(&pool).await;
+    complete_new(&pool, 2).await;
+    assert_counts_kept(&pool).await;
+    let stats = queue::queue_stats(&pool, None).await.unwrap();
+    let succeeded: i64 = stats.iter().map(|s| s.succeeded).sum();
+    assert_eq!(succeeded, 6, "2 left, 2 inserted by hand, 2 more completed");
+
+    sqlx::query("truncate sweep.finished_tasks").execute(&pool).await.unwrap();
+    assert_counts_kept(&pool).await;
 }
 
 /// Every (node type, relation) in an EXPLAIN (FORMAT JSON) plan.

@@ -166,6 +166,27 @@ async fn stats_count_by_tenant_type_and_state(_: PgPoolOptions, db: PgConnectOpt
         })
         .collect();
     queue::fail_batch(&pool, runner, &failures).await.unwrap();
+    // The rates come from the runners' per-minute counters: what a runner that ran these
+    // attempts flushes, and an hour-old minute that has left both windows.
+    let minute =
+        chrono::DurationRound::duration_trunc(chrono::Utc::now(), chrono::TimeDelta::minutes(1))
+            .unwrap();
+    let delta = |tenant: &str, task_type: &str, ago: i64, succeeded, failed| queue::MinuteDelta {
+        tenant: tenant.into(),
+        task_type: task_type.into(),
+        minute: minute - chrono::TimeDelta::minutes(ago),
+        succeeded,
+        failed,
+        failures: [("trap".to_owned(), failed)].into(),
+        started: succeeded + failed,
+        lag_ms: vec![0; queue::MINUTE_LAG_BUCKETS],
+    };
+    let deltas = [
+        delta("acme", "b", 0, 0, 1),
+        delta("default", "a", 62, 5, 5),
+        delta("default", "a", 0, 2, 1),
+    ];
+    queue::add_minutes(&pool, &deltas).await.unwrap();
 
     let stats = queue::queue_stats(&pool, None).await.unwrap();
     assert_eq!(stats.len(), 2);

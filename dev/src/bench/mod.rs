@@ -15,6 +15,8 @@
 //!   process (see `bench/compile.rs`).
 //! - `claim-scale`: the fair claim's cost against the number of due tenants (see
 //!   `bench/claim_scale.rs`).
+//! - `stats`: `GET /v1/stats` latency against 10 million finished tasks (see
+//!   `bench/stats.rs`).
 //! - `memory`, `module-footprint`: a runner's memory with 10,000 module versions run, and
 //!   what one compiled module costs (see `bench/memory.rs`).
 //!
@@ -45,6 +47,7 @@ pub mod delayed;
 pub mod enqueue;
 pub mod fairness;
 pub mod memory;
+pub mod stats;
 pub mod workflow;
 
 #[derive(Debug, clap::Parser)]
@@ -135,6 +138,8 @@ pub enum BenchMode {
     Workflow(workflow::WorkflowArgs),
     /// The fair claim's cost against the number of due tenants (claims rolled back).
     ClaimScale(claim_scale::ClaimScaleArgs),
+    /// `GET /v1/stats` latency against a long retained history.
+    Stats(stats::StatsArgs),
 }
 
 const ENQUEUE_CHUNK: usize = 10_000;
@@ -149,6 +154,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchMode::Memory(memory) => return memory::memory(url, &memory).await,
         BenchMode::ModuleFootprint(footprint) => return memory::footprint(&footprint).await,
         BenchMode::ClaimScale(scale) => return claim_scale::claim_scale(url, &scale).await,
+        BenchMode::Stats(stats) => return stats::stats(url, &stats).await,
         mode => mode,
     };
     let store = fresh_database(url).await?;
@@ -187,6 +193,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchMode::Memory(memory) => memory::memory(url, &memory).await,
         BenchMode::ModuleFootprint(footprint) => memory::footprint(&footprint).await,
         BenchMode::ClaimScale(scale) => claim_scale::claim_scale(url, &scale).await,
+        BenchMode::Stats(stats) => stats::stats(url, &stats).await,
     }
 }
 

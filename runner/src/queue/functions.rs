@@ -53,7 +53,8 @@ pub const FILES: &[SqlFile] = sql_files![
     "flow_tokens.sql",
     "claim.sql",
     "retention.sql",
-    "dependencies.sql"
+    "dependencies.sql",
+    "history_counts.sql"
 ];
 
 /// The version of the `sweep` that carries these files.
@@ -95,8 +96,9 @@ fn release(version: &str) -> Vec<u64> {
 }
 
 /// Installs the functions on `conn`, which holds the migrations' advisory lock and has just
-/// brought the schema up to date, in one transaction: every file, the bookkeeping row, and the
-/// day partitions of history the next [`PARTITIONS_AHEAD_DAYS`] need. Refuses, changing
+/// brought the schema up to date, in one transaction: every file, the bookkeeping row, the
+/// day partitions of history the next [`PARTITIONS_AHEAD_DAYS`] need, and (once) the kept
+/// counts' triggers. Refuses, changing
 /// nothing, when a newer `sweep` installed what is there.
 pub(super) async fn install(conn: &mut PgConnection) -> Result<(), StoreError> {
     let mut tx = conn.begin().await?;
@@ -115,6 +117,7 @@ pub(super) async fn install(conn: &mut PgConnection) -> Result<(), StoreError> {
     }
     sqlx::query(RECORD).bind(sha256()).bind(VERSION).execute(&mut *tx).await?;
     sqlx::query(ADD_PARTITIONS).bind(PARTITIONS_AHEAD_DAYS).execute(&mut *tx).await?;
+    sqlx::query(ATTACH_HISTORY_COUNTS).execute(&mut *tx).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -158,9 +161,12 @@ const RECORD: &str = r#"
     "#;
 const ADD_PARTITIONS: &str =
     "select sweep.sweep_finished_add_partitions(now(), now() + $1 * interval '1 day')";
+/// Attaches the kept counts' triggers the first time, counting the history there is.
+const ATTACH_HISTORY_COUNTS: &str = "select sweep.sweep_history_attach()";
 
 #[cfg(test)]
-pub(super) const STATEMENTS: &[(&str, &str)] = statements![INSTALLED, RECORD, ADD_PARTITIONS];
+pub(super) const STATEMENTS: &[(&str, &str)] =
+    statements![INSTALLED, RECORD, ADD_PARTITIONS, ATTACH_HISTORY_COUNTS];
 
 #[cfg(test)]
 mod tests {
@@ -193,8 +199,10 @@ mod tests {
                 .to_lowercase();
             let creates = code.matches("create ").count();
             let functions = code.matches("create or replace function ").count();
-            // `create table` inside a function body is DDL the function runs, not this file.
-            let in_bodies = code.matches("create table ").count();
+            // `create table` and `create trigger` inside a function body are DDL the function
+            // runs when called, not this file.
+            let in_bodies =
+                code.matches("create table ").count() + code.matches("create trigger ").count();
             assert!(functions > 0, "{} creates no function", file.name);
             assert_eq!(
                 creates,

@@ -1,9 +1,12 @@
 //! Queue statistics per tenant and task type, in one statement: counts by state, the age of
 //! the oldest due task, failed attempts in the last hour and completions in the last minute.
 //!
-//! This is an admin read, not a hot path: it scans the live, finished and dead tables once
-//! each (the finished history is as large as retention lets it grow). Failed attempts are
-//! counted from the per-task error histories, restricted to rows touched in the last hour.
+//! Its cost follows the live work and the number of task types, not the history: live counts
+//! come from `tasks`; succeeded, cancelled and dead ones from the kept counts
+//! (`history_counts`, runner/sql/history_counts.sql), a few rows per task type and day; the
+//! two rates from the runners' per-minute counters (`task_minutes`), so they are what the
+//! runners last flushed (every few seconds) and count the attempts runners reported, as the
+//! charts do. A window's oldest minute counts for the share of it inside the window.
 
 use serde::Serialize;
 use sqlx::PgExecutor;
@@ -19,12 +22,18 @@ pub struct TypeStats {
     pub pending: i64,
     pub running: i64,
     pub retrying: i64,
+    /// Ended succeeded, among those retention still keeps.
     pub succeeded: i64,
+    /// Ended cancelled, among those retention still keeps.
     pub cancelled: i64,
+    /// Dead letters (kept until requeued or deleted).
     pub dead: i64,
     /// Milliseconds since the oldest pending or retrying task became due; 0 when none is due.
     pub oldest_due_ms: i64,
+    /// Failed attempts the runners reported in the last hour (as of their last flush, a few
+    /// seconds ago at most).
     pub failures_last_hour: i64,
+    /// Successes the runners reported in the last minute (as of their last flush).
     pub completed_last_minute: i64,
 }
 
@@ -56,49 +65,40 @@ const QUEUE_STATS: &str = concat!(
     state!(waiting),
     r#" and run_at <= now())
                    as oldest_due,
-               coalesce(sum((select count(*) from jsonb_array_elements(errors) e
-                             where (e->>'at')::timestamptz > now() - interval '1 hour'))
-                        filter (where updated_at > now() - interval '1 hour'), 0)
-                   as failures,
-               0 as completed_last_minute
+               0 as failures, 0 as completed
         from sweep.tasks
         where $1::text is null or tenant = $1
         group by tenant, task_type
     ),
-    finished as (
-        select tenant, task_type, 0, 0, 0, 0,
-               count(*) filter (where state = "#,
-    state!(succeeded),
-    r#"),
-               count(*) filter (where state = "#,
-    state!(cancelled),
-    r#"),
-               0, null::timestamptz,
-               coalesce(sum((select count(*) from jsonb_array_elements(errors) e
-                             where (e->>'at')::timestamptz > now() - interval '1 hour'))
-                        filter (where finished_at > now() - interval '1 hour'), 0),
-               count(*) filter (where state = "#,
-    state!(succeeded),
-    r#"
-                                  and finished_at > now() - interval '1 minute')
-        from sweep.finished_tasks
+    history as (
+        select tenant, task_type, 0, 0, 0, 0, sum(succeeded), sum(cancelled), sum(dead),
+               null::timestamptz, 0, 0
+        from sweep.history_counts
         where $1::text is null or tenant = $1
         group by tenant, task_type
     ),
-    dead as (
-        select tenant, task_type, 0, 0, 0, 0, 0, 0, count(*), null::timestamptz,
-               coalesce(sum((select count(*) from jsonb_array_elements(errors) e
-                             where (e->>'at')::timestamptz > now() - interval '1 hour'))
-                        filter (where died_at > now() - interval '1 hour'), 0),
-               0
-        from sweep.dead_tasks
-        where $1::text is null or tenant = $1
+    -- A window's minutes wholly inside it count whole; the one minute it starts in counts
+    -- for the share of it inside (its weight is computed for that row only: per row, the
+    -- arithmetic cost more than the rest of the statement).
+    recent as (
+        select tenant, task_type, 0, 0, 0, 0, 0, 0, 0, null::timestamptz,
+               coalesce(sum(failed) filter (where minute >= now() - interval '60 minutes'), 0)
+               + coalesce(sum(failed * date_part('epoch', minute + interval '61 minutes' - now())
+                                 / 60)
+                            filter (where minute < now() - interval '60 minutes'), 0),
+               coalesce(sum(succeeded) filter (where minute >= now() - interval '1 minute'), 0)
+               + coalesce(sum(succeeded * date_part('epoch', minute + interval '2 minutes' - now())
+                                 / 60)
+                            filter (where minute < now() - interval '1 minute'
+                                      and minute > now() - interval '2 minutes'), 0)
+        from sweep.task_minutes
+        where minute > now() - interval '61 minutes' and ($1::text is null or tenant = $1)
         group by tenant, task_type
     ),
     every as (
         select * from live
-        union all select * from finished
-        union all select * from dead
+        union all select * from history
+        union all select * from recent
     )
     select tenant, task_type,
            sum(blocked)::int8 as blocked,
@@ -110,8 +110,8 @@ const QUEUE_STATS: &str = concat!(
            sum(dead)::int8 as dead,
            coalesce((extract(epoch from now() - min(oldest_due)) * 1000)::int8, 0)
                as oldest_due_ms,
-           sum(failures)::int8 as failures_last_hour,
-           sum(completed_last_minute)::int8 as completed_last_minute
+           round(sum(failures))::int8 as failures_last_hour,
+           round(sum(completed))::int8 as completed_last_minute
     from every
     group by tenant, task_type
     order by 1, 2

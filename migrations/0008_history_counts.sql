@@ -1,0 +1,18 @@
+-- Kept counts of the history (issue 32): how many tasks of each tenant and task type ended
+-- succeeded, cancelled or dead on each UTC day, so `GET /v1/stats` and the dashboard read a
+-- few rows per task type instead of counting `finished_tasks` and `dead_tasks` on every call.
+-- Schema only: runner/sql/history_counts.sql keeps them (statement triggers on both tables,
+-- and retention's own deletes) and fills them the first time it is installed.
+--
+-- A row only holds what is retained: a day's succeeded and cancelled counts go when
+-- retention drops or deletes that day's rows; dead counts go with the dead tasks (requeued or
+-- deleted). `day` is the UTC day of `finished_at` (of `died_at` for the dead).
+create table sweep.history_counts (
+    tenant    text not null,
+    task_type text not null,
+    day       date not null,
+    succeeded int8 not null default 0,
+    cancelled int8 not null default 0,
+    dead      int8 not null default 0,
+    primary key (tenant, task_type, day)
+);
