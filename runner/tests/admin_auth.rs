@@ -123,7 +123,7 @@ async fn stats_count_by_state_and_show_runners(_: PgPoolOptions, db: PgConnectOp
     let count = &s["types"][0];
     assert_eq!((count["task_type"].clone(), count["pending"].clone()), (json!("count"), json!(3)));
     assert_eq!(count["dead"], 1);
-    assert_eq!(count["failures_last_hour"], 0, "make_dead's error entry has no timestamp");
+    assert_eq!(count["failures_last_hour"], 0, "no runner reported a failed attempt");
     assert!(count.get("completed_last_minute").is_some());
     assert!(count.get("oldest_due_ms").is_some());
     assert_eq!(s["runners"][0]["id"], runner.to_string());
