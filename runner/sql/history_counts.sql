@@ -1,46 +1,42 @@
--- Kept counts of the history (`history_counts`, migrations/0008_history_counts.sql): per
--- tenant, task type and UTC day, how many retained tasks ended succeeded, cancelled or dead.
--- `GET /v1/stats` reads them instead of counting `finished_tasks` and `dead_tasks`.
+-- Kept counts of the history (`history_counts` and `history_deltas`,
+-- migrations/0008_history_counts.sql): per tenant, task type and UTC day, how many retained
+-- tasks ended succeeded, cancelled or dead. `GET /v1/stats` reads them instead of counting
+-- `finished_tasks` and `dead_tasks`: a key's count is its total plus its deltas not yet folded.
 --
 -- Who keeps them:
 --   - statement triggers on `finished_tasks` and `dead_tasks` (insert, delete, update: Sweep
 --     never updates either, but a hand-made fix must not skew the counts; Postgres takes no
 --     column list with transition tables; and truncate), over the statement's transition
---     tables: one grouped upsert per statement, so a completion of 250 tasks adds to one row
---     per (tenant, type, day) it touched, not 250 times to one;
---   - `sweep_history_attach()`, at the end of this file, which attaches the triggers once;
+--     tables: each appends its changes to `history_deltas`, one row per (tenant, type, day)
+--     it touched, not one per task;
 --   - retention (retention.sql), which bypasses those triggers by working on partitions
---     directly: it subtracts what a dropped partition held and what it deletes from the
---     default partition. Moving a day's rows out of the default partition into a new one
---     changes no count (same rows, same day).
+--     directly: it appends what a dropped partition held and what it deletes from the
+--     default partition, negated. Moving a day's rows out of the default partition into a
+--     new one changes no count (same rows, same day);
+--   - sweep_history_fold(), called by every runner's maintenance every few seconds, which
+--     moves the deltas into the totals;
+--   - sweep_history_attach(), at the end of this file, which attaches the triggers once.
 --
--- Concurrency: the upsert adds deltas (never sets), sorted by key, so statements adding to the
--- same rows wait for each other in one order and never deadlock; a row is held from the end of
--- the statement to its commit. Two runners completing tasks of one task type on the same day
--- therefore take turns on that row's lock for the length of a commit.
+-- Why deltas: completions are the hot path, and many of them at once would each upsert the
+-- same total rows (waiting on each other's row locks until commit) and pay an index probe and
+-- an update per key; an append pays neither. The fold deletes the deltas it moves in the
+-- statement that adds them to the totals, so each is counted once, whoever folds: a delta
+-- committed during a fold is not seen by it and waits for the next; two folds at once take
+-- turns (an advisory lock), and the totals are upserted in key order.
 
--- Adds signed deltas to the counts, one sorted upsert. A delta for a row that does not exist
--- yet creates it (a negative one too: a count that went wrong shows instead of vanishing).
+-- Appends signed deltas (rows of `history_counts`' shape) for the next fold.
 create or replace function sweep.sweep_history_add(p_delta sweep.history_counts[])
 returns void
 language sql volatile
 set search_path = sweep
 as $$
-    insert into history_counts as c (tenant, task_type, day, succeeded, cancelled, dead)
-    select tenant, task_type, day, sum(succeeded)::int8, sum(cancelled)::int8, sum(dead)::int8
-    from unnest(p_delta)
-    group by tenant, task_type, day
-    order by tenant, task_type, day
-    on conflict (tenant, task_type, day) do update
-    set succeeded = c.succeeded + excluded.succeeded,
-        cancelled = c.cancelled + excluded.cancelled,
-        dead = c.dead + excluded.dead
+    insert into history_deltas (tenant, task_type, day, succeeded, cancelled, dead)
+    select tenant, task_type, day, succeeded, cancelled, dead from unnest(p_delta)
 $$;
 
 -- `finished_tasks`' trigger function (statement level; `new_rows` and `old_rows` are the
--- transition tables its triggers name). An insert, the one on every completion's way, adds
--- its counts directly: building the deltas as an array costs a 250-task completion about a
--- fifth more.
+-- transition tables its triggers name). An insert, the one on every completion's way, appends
+-- its counts directly, without building the array the rarer events go through.
 create or replace function sweep.sweep_history_finished()
 returns trigger
 language plpgsql volatile
@@ -50,16 +46,12 @@ declare
     delta history_counts[] := '{}';
 begin
     if tg_op = 'INSERT' then
-        insert into history_counts as c (tenant, task_type, day, succeeded, cancelled)
+        insert into history_deltas (tenant, task_type, day, succeeded, cancelled, dead)
         select tenant, task_type, (finished_at at time zone 'UTC')::date,
                count(*) filter (where state = 'succeeded'),
-               count(*) filter (where state = 'cancelled')
+               count(*) filter (where state = 'cancelled'), 0
         from new_rows
-        group by 1, 2, 3
-        order by 1, 2, 3
-        on conflict (tenant, task_type, day) do update
-        set succeeded = c.succeeded + excluded.succeeded,
-            cancelled = c.cancelled + excluded.cancelled;
+        group by 1, 2, 3;
         return null;
     end if;
     if tg_op = 'UPDATE' then
@@ -91,12 +83,10 @@ declare
     delta history_counts[] := '{}';
 begin
     if tg_op = 'INSERT' then
-        insert into history_counts as c (tenant, task_type, day, dead)
-        select tenant, task_type, (died_at at time zone 'UTC')::date, count(*)
+        insert into history_deltas (tenant, task_type, day, succeeded, cancelled, dead)
+        select tenant, task_type, (died_at at time zone 'UTC')::date, 0, 0, count(*)
         from new_rows
-        group by 1, 2, 3
-        order by 1, 2, 3
-        on conflict (tenant, task_type, day) do update set dead = c.dead + excluded.dead;
+        group by 1, 2, 3;
         return null;
     end if;
     if tg_op = 'UPDATE' then
@@ -116,6 +106,50 @@ begin
 end
 $$;
 
+-- Moves the deltas committed so far into the totals (see the top of this file); deletes the
+-- totals that came to zero. Returns how many deltas it moved; 0 when another fold is running.
+create or replace function sweep.sweep_history_fold()
+returns bigint
+language plpgsql volatile
+set search_path = sweep
+as $$
+declare
+    moved bigint;
+    zeroed history_counts[];
+begin
+    if not pg_try_advisory_xact_lock(hashtextextended('sweep.history_counts fold', 0)) then
+        return 0;
+    end if;
+    with gone as (
+        delete from history_deltas returning *
+    ),
+    summed as (
+        select tenant, task_type, day, sum(succeeded)::int8 as succeeded,
+               sum(cancelled)::int8 as cancelled, sum(dead)::int8 as dead
+        from gone
+        group by tenant, task_type, day
+    ),
+    added as (
+        insert into history_counts as c (tenant, task_type, day, succeeded, cancelled, dead)
+        select * from summed
+        order by tenant, task_type, day
+        on conflict (tenant, task_type, day) do update
+        set succeeded = c.succeeded + excluded.succeeded,
+            cancelled = c.cancelled + excluded.cancelled,
+            dead = c.dead + excluded.dead
+        returning c.*
+    )
+    select (select count(*) from gone),
+           array(select a from added a where (succeeded, cancelled, dead) = (0, 0, 0))
+    into moved, zeroed;
+    delete from history_counts c
+    using unnest(zeroed) z
+    where (c.tenant, c.task_type, c.day) = (z.tenant, z.task_type, z.day)
+      and (c.succeeded, c.cancelled, c.dead) = (0, 0, 0);
+    return moved;
+end
+$$;
+
 -- A TRUNCATE of either table (on the table itself; one of a partition is not seen) empties
 -- its counts.
 create or replace function sweep.sweep_history_truncated()
@@ -127,10 +161,14 @@ begin
     if tg_table_name = 'finished_tasks' then
         update history_counts set succeeded = 0, cancelled = 0
         where succeeded <> 0 or cancelled <> 0;
+        update history_deltas set succeeded = 0, cancelled = 0
+        where succeeded <> 0 or cancelled <> 0;
     else
         update history_counts set dead = 0 where dead <> 0;
+        update history_deltas set dead = 0 where dead <> 0;
     end if;
     delete from history_counts where succeeded = 0 and cancelled = 0 and dead = 0;
+    delete from history_deltas where succeeded = 0 and cancelled = 0 and dead = 0;
     return null;
 end
 $$;
@@ -154,6 +192,7 @@ begin
     end if;
     lock table finished_tasks, dead_tasks in share row exclusive mode;
     delete from history_counts;
+    delete from history_deltas;
     insert into history_counts (tenant, task_type, day, succeeded, cancelled, dead)
     select tenant, task_type, day, sum(succeeded), sum(cancelled), sum(dead)
     from (

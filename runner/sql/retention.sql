@@ -15,9 +15,10 @@
 --             batches. A day partition is never deleted from row by row: it is dropped once
 --             wholly older than the TTL, so a finished task is kept at least the TTL and at
 --             most the TTL plus one day.
---   subtracts what it drops or deletes from the kept counts (history_counts.sql): it works on
---             partitions directly, where the parent's statement triggers do not fire. A
---             dropped partition is counted before it goes (one scan of a day, once).
+--   subtracts what it drops or deletes from the kept counts (history_counts.sql: negated
+--             deltas): it works on partitions directly, where the parent's statement
+--             triggers do not fire. A dropped partition is counted before it goes (one scan
+--             of a day, once).
 --
 -- Locks: a partition is created as a plain table and then ATTACHed, which takes SHARE UPDATE
 -- EXCLUSIVE on the parent (completions and reads go on) and ACCESS EXCLUSIVE on the default
@@ -199,9 +200,6 @@ begin
         deleted := deleted + n;
         exit when deleted >= p_batch;
     end loop;
-    if dropped > 0 or deleted > 0 then
-        delete from history_counts where succeeded = 0 and cancelled = 0 and dead = 0;
-    end if;
     return next;
 end
 $$;

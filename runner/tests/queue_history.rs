@@ -78,13 +78,27 @@ async fn in_default(pool: &PgPool) -> i64 {
         .unwrap()
 }
 
-/// The kept counts (`history_counts`, which `GET /v1/stats` reads) against a count of the
-/// tables they stand for; a row whose counts all went back to zero is the same as none.
+/// The kept counts (totals and deltas not folded yet, which `GET /v1/stats` reads) against a
+/// count of the tables they stand for; a key whose counts all came to zero is the same as
+/// none. Checked again after a fold, which must change no count and leave no delta.
 async fn assert_counts_kept(pool: &PgPool) {
+    check_counts(pool).await;
+    queue::fold_history_counts(pool).await.unwrap();
+    let (deltas,): (i64,) =
+        sqlx::query_as("select count(*) from sweep.history_deltas").fetch_one(pool).await.unwrap();
+    assert_eq!(deltas, 0, "a fold moves every committed delta");
+    check_counts(pool).await;
+}
+
+async fn check_counts(pool: &PgPool) {
     type Row = (String, String, NaiveDate, i64, i64, i64);
     let kept: Vec<Row> = sqlx::query_as(
-        "select tenant, task_type, day, succeeded, cancelled, dead from sweep.history_counts
-         where (succeeded, cancelled, dead) <> (0, 0, 0) order by 1, 2, 3",
+        "select tenant, task_type, day, sum(succeeded)::int8, sum(cancelled)::int8,
+                sum(dead)::int8
+         from (select * from sweep.history_counts union all select * from sweep.history_deltas) k
+         group by 1, 2, 3
+         having (sum(succeeded), sum(cancelled), sum(dead)) <> (0, 0, 0)
+         order by 1, 2, 3",
     )
     .fetch_all(pool)
     .await
@@ -283,6 +297,7 @@ async fn runners_maintaining_at_once_neither_fail_nor_duplicate_partitions(
                 let mut total = queue::Retention::default();
                 for _ in 0..5 {
                     let r = queue::retain_finished(&pool, 7 * DAY, 20).await.expect("retention");
+                    queue::fold_history_counts(&pool).await.expect("fold");
                     total.created += r.created;
                     total.dropped += r.dropped;
                     total.deleted += r.deleted;
@@ -365,6 +380,13 @@ async fn kept_counts_follow_every_end_and_every_removal(_: PgPoolOptions, db: Pg
     assert_eq!(deleted.len(), 2);
     queue::requeue(&pool, None, failing.id).await.unwrap();
     assert_counts_kept(&pool).await;
+    let (zeros,): (i64,) = sqlx::query_as(
+        "select count(*) from sweep.history_counts where (succeeded, cancelled, dead) = (0, 0, 0)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(zeros, 0, "a total that came to zero went with the fold");
     let stats = queue::queue_stats(&pool, None).await.unwrap();
     assert_eq!(counts(&stats), [("acme".into(), 0, 0, 0), ("default".into(), 2, 0, 0)]);
     assert_eq!(stats[0].pending, 1, "the requeued task");

@@ -3,7 +3,8 @@
 //!
 //! Its cost follows the live work and the number of task types, not the history: live counts
 //! come from `tasks`; succeeded, cancelled and dead ones from the kept counts
-//! (`history_counts`, runner/sql/history_counts.sql), a few rows per task type and day; the
+//! (`history_counts` and the deltas not folded into it yet, runner/sql/history_counts.sql), a
+//! few rows per task type and day and what changed in the last few seconds; the
 //! two rates from the runners' per-minute counters (`task_minutes`), so they are what the
 //! runners last flushed (every few seconds) and count the attempts runners reported, as the
 //! charts do. A window's oldest minute counts for the share of it inside the window.
@@ -35,6 +36,13 @@ pub struct TypeStats {
     pub failures_last_hour: i64,
     /// Successes the runners reported in the last minute (as of their last flush).
     pub completed_last_minute: i64,
+}
+
+/// Moves the kept counts' deltas into their totals (runner/sql/history_counts.sql); returns how
+/// many it moved (0 when another runner is folding). Every runner's maintenance calls it every
+/// few seconds; the counts read the same before and after.
+pub async fn fold_history_counts<'c, E: PgExecutor<'c>>(executor: E) -> Result<i64, QueueError> {
+    Ok(sqlx::query_scalar(FOLD_HISTORY_COUNTS).fetch_one(executor).await?)
 }
 
 pub async fn queue_stats<'c, E: PgExecutor<'c>>(
@@ -73,7 +81,9 @@ const QUEUE_STATS: &str = concat!(
     history as (
         select tenant, task_type, 0, 0, 0, 0, sum(succeeded), sum(cancelled), sum(dead),
                null::timestamptz, 0, 0
-        from sweep.history_counts
+        from (select tenant, task_type, succeeded, cancelled, dead from sweep.history_counts
+              union all
+              select tenant, task_type, succeeded, cancelled, dead from sweep.history_deltas) h
         where $1::text is null or tenant = $1
         group by tenant, task_type
     ),
@@ -117,5 +127,6 @@ const QUEUE_STATS: &str = concat!(
     order by 1, 2
     "#
 );
+const FOLD_HISTORY_COUNTS: &str = "select sweep.sweep_history_fold()";
 #[cfg(test)]
-pub(super) const STATEMENTS: &[(&str, &str)] = statements![QUEUE_STATS];
+pub(super) const STATEMENTS: &[(&str, &str)] = statements![QUEUE_STATS, FOLD_HISTORY_COUNTS];

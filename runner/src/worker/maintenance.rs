@@ -1,7 +1,8 @@
 //! Background duties of every runner: heartbeats (the leases it holds + its `runners` row),
 //! the reaper, vacuuming the live table, retention, pruning of silent runner rows, rejecting
-//! module compiles their uploader left unfinished, the repair of queue hints and the cron
-//! scheduler (`worker/scheduler.rs`). Each stops when the stop flag turns true.
+//! module compiles their uploader left unfinished, the repair of queue hints, flushing the
+//! per-minute counters and folding the history counts' deltas, and the cron scheduler
+//! (`worker/scheduler.rs`). Each stops when the stop flag turns true.
 //! All of it is safe to run on every runner at once (see `queue::maintenance`).
 //!
 //! Outages: a heartbeat that cannot reach Postgres tries again every [`HEARTBEAT_RETRY`], so
@@ -175,6 +176,9 @@ pub(super) async fn run(
     let counts = every(m.minutes_interval, stop.clone(), || async {
         if let Err(e) = minutes.flush(&store).await {
             tracing::warn!(error = %e, "adding the charts' per-minute counts failed; kept for the next try");
+        }
+        if let Err(e) = queue::fold_history_counts(&store).await {
+            tracing::warn!(error = %e, "folding the history counts' deltas failed; kept for the next try");
         }
     });
     let hints = every(m.hint_repair_interval, stop.clone(), || async {
