@@ -24,84 +24,49 @@
 -- committed during a fold is not seen by it and waits for the next; two folds at once take
 -- turns (an advisory lock), and the totals are upserted in key order.
 
--- Appends signed deltas (rows of `history_counts`' shape) for the next fold.
-create or replace function sweep.sweep_history_add(p_delta sweep.history_counts[])
-returns void
-language sql volatile
-set search_path = sweep
-as $$
-    insert into history_deltas (tenant, task_type, day, succeeded, cancelled, dead)
-    select tenant, task_type, day, succeeded, cancelled, dead from unnest(p_delta)
-$$;
-
--- `finished_tasks`' trigger function (statement level; `new_rows` and `old_rows` are the
--- transition tables its triggers name). An insert, the one on every completion's way, appends
--- its counts directly, without building the array the rarer events go through.
-create or replace function sweep.sweep_history_finished()
+-- The trigger function of both tables (statement level; `new_rows` and `old_rows` are the
+-- transition tables the triggers name). An insert, the one on every completion's way, is a
+-- static statement per table (planned once per session); an update or a delete, which Sweep
+-- itself never or rarely does, is one dynamic statement per side over the table's counts.
+create or replace function sweep.sweep_history_changed()
 returns trigger
 language plpgsql volatile
 set search_path = sweep
 as $$
 declare
-    delta history_counts[] := '{}';
+    -- A row's UTC day and what it counts for: a finished task by its state, a dead one dead.
+    counts constant text := case tg_table_name
+        when 'finished_tasks' then
+            '(finished_at at time zone ''UTC'')::date,
+             count(*) filter (where state = ''succeeded''),
+             count(*) filter (where state = ''cancelled''), 0'
+        else '(died_at at time zone ''UTC'')::date, 0, 0, count(*)'
+    end;
 begin
-    if tg_op = 'INSERT' then
+    if tg_op = 'INSERT' and tg_table_name = 'finished_tasks' then
         insert into history_deltas (tenant, task_type, day, succeeded, cancelled, dead)
         select tenant, task_type, (finished_at at time zone 'UTC')::date,
                count(*) filter (where state = 'succeeded'),
                count(*) filter (where state = 'cancelled'), 0
         from new_rows
         group by 1, 2, 3;
-        return null;
-    end if;
-    if tg_op = 'UPDATE' then
-        delta := array(
-            select row(g.*)::history_counts from (
-                select tenant, task_type, (finished_at at time zone 'UTC')::date,
-                       count(*) filter (where state = 'succeeded'),
-                       count(*) filter (where state = 'cancelled'), 0::int8
-                from new_rows group by 1, 2, 3) g);
-    end if;
-    delta := delta || array(
-        select row(g.*)::history_counts from (
-            select tenant, task_type, (finished_at at time zone 'UTC')::date,
-                   -count(*) filter (where state = 'succeeded'),
-                   -count(*) filter (where state = 'cancelled'), 0::int8
-            from old_rows group by 1, 2, 3) g);
-    perform sweep_history_add(delta);
-    return null;
-end
-$$;
-
--- `dead_tasks`' trigger function, the same over `died_at`.
-create or replace function sweep.sweep_history_dead()
-returns trigger
-language plpgsql volatile
-set search_path = sweep
-as $$
-declare
-    delta history_counts[] := '{}';
-begin
-    if tg_op = 'INSERT' then
+    elsif tg_op = 'INSERT' then
         insert into history_deltas (tenant, task_type, day, succeeded, cancelled, dead)
         select tenant, task_type, (died_at at time zone 'UTC')::date, 0, 0, count(*)
         from new_rows
         group by 1, 2, 3;
-        return null;
+    else
+        if tg_op = 'UPDATE' then
+            execute format('insert into history_deltas
+                            select tenant, task_type, %s from new_rows group by 1, 2, 3',
+                           counts);
+        end if;
+        execute format('insert into history_deltas
+                        select tenant, task_type, day, -s, -c, -d
+                        from (select tenant, task_type, %s from old_rows group by 1, 2, 3)
+                             g (tenant, task_type, day, s, c, d)',
+                       counts);
     end if;
-    if tg_op = 'UPDATE' then
-        delta := array(
-            select row(g.*)::history_counts from (
-                select tenant, task_type, (died_at at time zone 'UTC')::date, 0::int8, 0::int8,
-                       count(*)
-                from new_rows group by 1, 2, 3) g);
-    end if;
-    delta := delta || array(
-        select row(g.*)::history_counts from (
-            select tenant, task_type, (died_at at time zone 'UTC')::date, 0::int8, 0::int8,
-                   -count(*)
-            from old_rows group by 1, 2, 3) g);
-    perform sweep_history_add(delta);
     return null;
 end
 $$;
@@ -185,6 +150,8 @@ language plpgsql volatile
 set search_path = sweep
 set timezone = 'UTC'
 as $$
+declare
+    t text;
 begin
     if exists (select from pg_trigger
                where tgrelid = 'finished_tasks'::regclass and tgname = 'history_counts_insert') then
@@ -206,28 +173,19 @@ begin
     ) counted
     group by tenant, task_type, day;
 
-    create trigger history_counts_insert after insert on finished_tasks
-        referencing new table as new_rows
-        for each statement execute function sweep_history_finished();
-    create trigger history_counts_delete after delete on finished_tasks
-        referencing old table as old_rows
-        for each statement execute function sweep_history_finished();
-    create trigger history_counts_update after update on finished_tasks
-        referencing old table as old_rows new table as new_rows
-        for each statement execute function sweep_history_finished();
-    create trigger history_counts_truncate after truncate on finished_tasks
-        for each statement execute function sweep_history_truncated();
-    create trigger history_counts_insert after insert on dead_tasks
-        referencing new table as new_rows
-        for each statement execute function sweep_history_dead();
-    create trigger history_counts_delete after delete on dead_tasks
-        referencing old table as old_rows
-        for each statement execute function sweep_history_dead();
-    create trigger history_counts_update after update on dead_tasks
-        referencing old table as old_rows new table as new_rows
-        for each statement execute function sweep_history_dead();
-    create trigger history_counts_truncate after truncate on dead_tasks
-        for each statement execute function sweep_history_truncated();
+    foreach t in array array['finished_tasks', 'dead_tasks'] loop
+        execute format('create trigger history_counts_insert after insert on %I
+                            referencing new table as new_rows
+                            for each statement execute function sweep_history_changed()', t);
+        execute format('create trigger history_counts_delete after delete on %I
+                            referencing old table as old_rows
+                            for each statement execute function sweep_history_changed()', t);
+        execute format('create trigger history_counts_update after update on %I
+                            referencing old table as old_rows new table as new_rows
+                            for each statement execute function sweep_history_changed()', t);
+        execute format('create trigger history_counts_truncate after truncate on %I
+                            for each statement execute function sweep_history_truncated()', t);
+    end loop;
     return true;
 end
 $$;

@@ -125,16 +125,16 @@ as $$
 declare
     -- (A TTL past a century is a century: the interval must not overflow.)
     cutoff timestamptz := now() - least(p_keep_ms, 3155760000000) * interval '1 millisecond';
-    -- The counts (negated) of the finished rows of the relation it is formatted with.
+    -- The kept counts' deltas (negated) of the finished rows of the relation it is
+    -- formatted with.
     uncounted constant text := 'select tenant, task_type, (finished_at at time zone ''UTC'')::date,
                                       -count(*) filter (where state = ''succeeded''),
-                                      -count(*) filter (where state = ''cancelled''), 0::int8
+                                      -count(*) filter (where state = ''cancelled''), 0
                                from %s group by 1, 2, 3';
     fallback regclass;
     d timestamptz;
     p record;
     n bigint;
-    gone history_counts[];
 begin
     created := 0;
     dropped := 0;
@@ -170,12 +170,10 @@ begin
         order by f.upper
     loop
         begin
-            -- What the partition held leaves the kept counts with it (history_counts.sql).
-            execute format('select array(select row(g.*)::history_counts from (%s) g)',
-                           format(uncounted, p.part))
-                into gone;
+            -- What the partition held leaves the kept counts with it (history_counts.sql);
+            -- a drop that gives up takes that back with it.
+            execute format('insert into history_deltas %s', format(uncounted, p.part));
             execute format('drop table %s', p.part);
-            perform sweep_history_add(gone);
             dropped := dropped + 1;
         exception when lock_not_available then
             exit;
@@ -190,13 +188,12 @@ begin
                             delete from %s where ctid = any(array(
                                 select ctid from %s where finished_at < $1
                                 order by finished_at limit $2 for update skip locked))
-                            returning tenant, task_type, finished_at, state)
-                        select (select count(*) from gone),
-                               array(select row(g.*)::history_counts from (%s) g)',
+                            returning tenant, task_type, finished_at, state),
+                        uncounted as (insert into history_deltas %s)
+                        select count(*) from gone',
                        p.part, p.part, format(uncounted, 'gone'))
         using cutoff, p_batch - deleted
-        into n, gone;
-        perform sweep_history_add(gone);
+        into n;
         deleted := deleted + n;
         exit when deleted >= p_batch;
     end loop;
