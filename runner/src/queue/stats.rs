@@ -49,7 +49,10 @@ pub async fn queue_stats<'c, E: PgExecutor<'c>>(
     executor: E,
     tenant: Option<&str>,
 ) -> Result<Vec<TypeStats>, QueueError> {
-    Ok(sqlx::query_as(QUEUE_STATS).bind(tenant).fetch_all(executor).await?)
+    // Planned for its tenant on every call (an unnamed statement): the plan made once for any
+    // `$1` reads every tenant's per-minute counters and live tasks to keep one tenant's
+    // (11-13 ms where the planned one takes 3 ms, 1,000 task types); planning costs less.
+    Ok(sqlx::query_as(QUEUE_STATS).bind(tenant).persistent(false).fetch_all(executor).await?)
 }
 
 const QUEUE_STATS: &str = concat!(
