@@ -24,24 +24,38 @@
 -- committed during a fold is not seen by it and waits for the next; two folds at once take
 -- turns (an advisory lock), and the totals are upserted in key order.
 
+-- The statement that appends to the deltas what the rows of `p_rows` (a relation or
+-- transition table of `p_table`, `finished_tasks` or `dead_tasks`) count for, times `p_sign`:
+-- a finished task by its state, a dead one as dead, on its UTC day. For every writer but the
+-- hot one (the insert trigger's static statements below, planned once per session).
+create or replace function sweep.sweep_history_append(p_rows text, p_table text,
+                                                      p_sign integer)
+returns text
+language sql immutable
+as $$
+    select format('insert into history_deltas (tenant, task_type, day, succeeded, cancelled,
+                                               dead)
+                   select tenant, task_type, %s from %s group by 1, 2, 3',
+                  case p_table
+                      when 'finished_tasks' then format(
+                          '(finished_at at time zone ''UTC'')::date,
+                           %1$s * count(*) filter (where state = ''succeeded''),
+                           %1$s * count(*) filter (where state = ''cancelled''), 0', p_sign)
+                      else format('(died_at at time zone ''UTC'')::date, 0, 0, %s * count(*)',
+                                  p_sign)
+                  end,
+                  p_rows)
+$$;
+
 -- The trigger function of both tables (statement level; `new_rows` and `old_rows` are the
 -- transition tables the triggers name). An insert, the one on every completion's way, is a
 -- static statement per table (planned once per session); an update or a delete, which Sweep
--- itself never or rarely does, is one dynamic statement per side over the table's counts.
+-- itself never or rarely does, is a dynamic statement per side.
 create or replace function sweep.sweep_history_changed()
 returns trigger
 language plpgsql volatile
 set search_path = sweep
 as $$
-declare
-    -- A row's UTC day and what it counts for: a finished task by its state, a dead one dead.
-    counts constant text := case tg_table_name
-        when 'finished_tasks' then
-            '(finished_at at time zone ''UTC'')::date,
-             count(*) filter (where state = ''succeeded''),
-             count(*) filter (where state = ''cancelled''), 0'
-        else '(died_at at time zone ''UTC'')::date, 0, 0, count(*)'
-    end;
 begin
     if tg_op = 'INSERT' and tg_table_name = 'finished_tasks' then
         insert into history_deltas (tenant, task_type, day, succeeded, cancelled, dead)
@@ -57,15 +71,9 @@ begin
         group by 1, 2, 3;
     else
         if tg_op = 'UPDATE' then
-            execute format('insert into history_deltas
-                            select tenant, task_type, %s from new_rows group by 1, 2, 3',
-                           counts);
+            execute sweep_history_append('new_rows', tg_table_name, 1);
         end if;
-        execute format('insert into history_deltas
-                        select tenant, task_type, day, -s, -c, -d
-                        from (select tenant, task_type, %s from old_rows group by 1, 2, 3)
-                             g (tenant, task_type, day, s, c, d)',
-                       counts);
+        execute sweep_history_append('old_rows', tg_table_name, -1);
     end if;
     return null;
 end
@@ -160,18 +168,9 @@ begin
     lock table finished_tasks, dead_tasks in share row exclusive mode;
     delete from history_counts;
     delete from history_deltas;
-    insert into history_counts (tenant, task_type, day, succeeded, cancelled, dead)
-    select tenant, task_type, day, sum(succeeded), sum(cancelled), sum(dead)
-    from (
-        select tenant, task_type, (finished_at at time zone 'UTC')::date as day,
-               count(*) filter (where state = 'succeeded') as succeeded,
-               count(*) filter (where state = 'cancelled') as cancelled, 0 as dead
-        from finished_tasks group by 1, 2, 3
-        union all
-        select tenant, task_type, (died_at at time zone 'UTC')::date, 0, 0, count(*)
-        from dead_tasks group by 1, 2, 3
-    ) counted
-    group by tenant, task_type, day;
+    -- The whole history as deltas, for the next fold.
+    execute sweep_history_append('finished_tasks', 'finished_tasks', 1);
+    execute sweep_history_append('dead_tasks', 'dead_tasks', 1);
 
     foreach t in array array['finished_tasks', 'dead_tasks'] loop
         execute format('create trigger history_counts_insert after insert on %I

@@ -125,12 +125,6 @@ as $$
 declare
     -- (A TTL past a century is a century: the interval must not overflow.)
     cutoff timestamptz := now() - least(p_keep_ms, 3155760000000) * interval '1 millisecond';
-    -- The kept counts' deltas (negated) of the finished rows of the relation it is
-    -- formatted with.
-    uncounted constant text := 'select tenant, task_type, (finished_at at time zone ''UTC'')::date,
-                                      -count(*) filter (where state = ''succeeded''),
-                                      -count(*) filter (where state = ''cancelled''), 0
-                               from %s group by 1, 2, 3';
     fallback regclass;
     d timestamptz;
     p record;
@@ -172,7 +166,7 @@ begin
         begin
             -- What the partition held leaves the kept counts with it (history_counts.sql);
             -- a drop that gives up takes that back with it.
-            execute format('insert into history_deltas %s', format(uncounted, p.part));
+            execute sweep_history_append(p.part::text, 'finished_tasks', -1);
             execute format('drop table %s', p.part);
             dropped := dropped + 1;
         exception when lock_not_available then
@@ -189,9 +183,9 @@ begin
                                 select ctid from %s where finished_at < $1
                                 order by finished_at limit $2 for update skip locked))
                             returning tenant, task_type, finished_at, state),
-                        uncounted as (insert into history_deltas %s)
+                        uncounted as (%s)
                         select count(*) from gone',
-                       p.part, p.part, format(uncounted, 'gone'))
+                       p.part, p.part, sweep_history_append('gone', 'finished_tasks', -1))
         using cutoff, p_batch - deleted
         into n;
         deleted := deleted + n;
