@@ -83,7 +83,7 @@ async fn in_default(pool: &PgPool) -> i64 {
 /// none. Checked again after a fold, which must change no count and leave no delta.
 async fn assert_counts_kept(pool: &PgPool) {
     check_counts(pool).await;
-    queue::fold_history_counts(pool).await.unwrap();
+    queue::fold_kept_counts(pool).await.unwrap();
     let (deltas,): (i64,) =
         sqlx::query_as("select count(*) from sweep.history_deltas").fetch_one(pool).await.unwrap();
     assert_eq!(deltas, 0, "a fold moves every committed delta");
@@ -297,7 +297,7 @@ async fn runners_maintaining_at_once_neither_fail_nor_duplicate_partitions(
                 let mut total = queue::Retention::default();
                 for _ in 0..5 {
                     let r = queue::retain_finished(&pool, 7 * DAY, 20).await.expect("retention");
-                    queue::fold_history_counts(&pool).await.expect("fold");
+                    queue::fold_kept_counts(&pool).await.expect("fold");
                     total.created += r.created;
                     total.dropped += r.dropped;
                     total.deleted += r.deleted;

@@ -229,3 +229,183 @@ async fn nothing_is_rescued_until_the_server_has_been_up_long_enough(
         queue::reap_expired(&pool, new_runner(), 10, INSTANT_RETRY, Duration::ZERO).await.unwrap();
     assert_eq!(later.retrying, vec![orphan[0].id]);
 }
+
+/// `failures_last_hour` comes from kept totals (runner/sql/hour_failures.sql) folded every few
+/// seconds: whatever runners flush, whenever maintenance folds (or several fold at once while
+/// others flush), however far time moves between folds and whatever is deleted, it reads what
+/// summing the hour of per-minute counters reads.
+#[sqlx::test(migrations = false)]
+async fn failures_last_hour_match_the_minutes_through_folds_time_and_deletes(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    let db = migrated(db).await;
+    let pool = db.pool();
+    // Moving time on means moving the data back; a superuser may do it without the triggers.
+    let owner = sqlx::PgPool::connect_with(db.options.clone()).await.unwrap();
+    let mut rng = StdRng::seed_from_u64(32);
+    for round in 0..120 {
+        let flush = random_flush(&mut rng);
+        queue::add_minutes(&pool, &flush).await.unwrap();
+        if rng.random_bool(0.4) {
+            queue::fold_kept_counts(&pool).await.unwrap();
+        }
+        if rng.random_bool(0.2) {
+            time_passes(&owner, rng.random_range(1..=20)).await;
+        }
+        if rng.random_bool(0.1) {
+            sqlx::query(
+                "delete from sweep.task_minutes
+                 where ctid in (select ctid from sweep.task_minutes order by random() limit 2)",
+            )
+            .execute(&owner)
+            .await
+            .unwrap();
+        }
+        assert_failures_match_the_minutes(&pool, &format!("round {round}")).await;
+    }
+
+    // Flushes and folds from four runners at once.
+    let runners: Vec<_> = (0..4u64)
+        .map(|seed| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64(seed);
+                for _ in 0..30 {
+                    let flush = random_flush(&mut rng);
+                    queue::add_minutes(&pool, &flush).await.unwrap();
+                    queue::fold_kept_counts(&pool).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for runner in runners {
+        runner.await.unwrap();
+    }
+    assert_failures_match_the_minutes(&pool, "after concurrent folds").await;
+    queue::fold_kept_counts(&pool).await.unwrap();
+    assert_failures_match_the_minutes(&pool, "after the last fold").await;
+    let pending: i64 = sqlx::query_scalar("select count(*) from sweep.hour_failure_deltas")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(pending, 0, "a fold with nobody else folding takes every delta");
+
+    // The first `sweep migrate` of a release with kept totals counts the minutes there are.
+    for statement in [
+        "drop trigger hour_failures_insert on sweep.task_minutes",
+        "drop trigger hour_failures_update on sweep.task_minutes",
+        "drop trigger hour_failures_delete on sweep.task_minutes",
+        "drop trigger hour_failures_truncate on sweep.task_minutes",
+        "delete from sweep.hour_failures",
+    ] {
+        sqlx::query(statement).execute(&owner).await.unwrap();
+    }
+    queue::add_minutes(&pool, &random_flush(&mut rng)).await.unwrap();
+    let attached: bool = sqlx::query_scalar("select sweep.sweep_hour_failures_attach()")
+        .fetch_one(&owner)
+        .await
+        .unwrap();
+    assert!(attached);
+    assert_failures_match_the_minutes(&pool, "after the first attach").await;
+    queue::fold_kept_counts(&pool).await.unwrap();
+    assert_failures_match_the_minutes(&pool, "after the first attach and a fold").await;
+    queue::add_minutes(&pool, &random_flush(&mut rng)).await.unwrap();
+    assert_failures_match_the_minutes(&pool, "after the first attach and a flush").await;
+}
+
+/// What one runner flushes: a few keys, each once, in minutes from 75 ago to now.
+fn random_flush(rng: &mut impl rand::Rng) -> Vec<queue::MinuteDelta> {
+    let now =
+        chrono::DurationRound::duration_trunc(chrono::Utc::now(), chrono::TimeDelta::minutes(1))
+            .unwrap();
+    let mut keys = std::collections::BTreeMap::new();
+    for _ in 0..5 {
+        let key = (
+            format!("t{}", rng.random_range(0..3)),
+            format!("type{}", rng.random_range(0..3)),
+            now - chrono::TimeDelta::minutes(rng.random_range(0..=75)),
+        );
+        *keys.entry(key).or_insert(0) += rng.random_range(0..5);
+    }
+    keys.into_iter()
+        .map(|((tenant, task_type, minute), failed)| queue::MinuteDelta {
+            tenant,
+            task_type,
+            minute,
+            succeeded: 1,
+            failed,
+            failures: [("trap".to_owned(), failed)].into(),
+            started: 1 + failed,
+            lag_ms: vec![0; queue::MINUTE_LAG_BUCKETS],
+        })
+        .collect()
+}
+
+/// Moves every minute the counters and the kept totals know `minutes` back, as if that much
+/// time had passed, without the triggers (which would count the move as new minutes).
+async fn time_passes(owner: &sqlx::PgPool, minutes: i32) {
+    let mut tx = owner.begin().await.unwrap();
+    for statement in [
+        "set local session_replication_role = replica",
+        "create temp table moving on commit drop as select * from sweep.task_minutes",
+        "delete from sweep.task_minutes",
+        "insert into sweep.task_minutes
+         select tenant, task_type, minute - $1 * interval '1 minute', succeeded, failed,
+                failures, started, lag_ms
+         from moving",
+        "update sweep.hour_failures set since = since - $1 * interval '1 minute'",
+        "update sweep.hour_failure_deltas set minute = minute - $1 * interval '1 minute'",
+    ] {
+        let query = sqlx::query(statement);
+        let query = if statement.contains("$1") { query.bind(minutes) } else { query };
+        query.execute(&mut *tx).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+}
+
+/// Stats (for everyone and for one tenant) against the hour of per-minute counters summed
+/// directly, at the same `now()`. Sums that land on a half may round either way.
+async fn assert_failures_match_the_minutes(pool: &sqlx::PgPool, context: &str) {
+    let mut tx = pool.begin().await.unwrap();
+    let summed: Vec<(String, String, f64)> = sqlx::query_as(
+        "select tenant, task_type,
+                sum(failed * least(1, date_part('epoch', minute + interval '61 minutes' - now())
+                                      / 60))
+         from sweep.task_minutes where minute > now() - interval '61 minutes'
+         group by 1, 2",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    for tenant in [None, Some("t1")] {
+        let stats = queue::queue_stats(&mut *tx, tenant).await.unwrap();
+        let read = |t: &str, ty: &str| {
+            stats
+                .iter()
+                .find(|s| s.tenant == t && s.task_type == ty)
+                .map_or(0, |s| s.failures_last_hour)
+        };
+        for (t, ty, expected) in summed.iter().filter(|s| tenant.is_none_or(|x| x == s.0)) {
+            let got = read(t, ty) as f64;
+            let on_a_half = ((expected.fract() - 0.5).abs()) < 1e-6;
+            assert!(
+                got == expected.round() || on_a_half && (got - expected).abs() <= 0.5 + 1e-6,
+                "{context}, {t}/{ty} ({tenant:?}): stats read {got}, the minutes sum to {expected}"
+            );
+        }
+        for s in &stats {
+            let counted = summed.iter().any(|(t, ty, _)| (t, ty) == (&s.tenant, &s.task_type));
+            assert!(
+                counted || s.failures_last_hour == 0,
+                "{context}: stats read {} failures for {}/{} that no minute holds",
+                s.failures_last_hour,
+                s.tenant,
+                s.task_type
+            );
+        }
+    }
+    tx.rollback().await.unwrap();
+}

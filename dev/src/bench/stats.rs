@@ -73,7 +73,7 @@ pub async fn stats(url: &str, args: &StatsArgs) -> anyhow::Result<()> {
         queue::enqueue_many(&pool, chunk).await?;
     }
     // What a runner's maintenance does within seconds of the fill.
-    queue::fold_history_counts(&pool).await?;
+    queue::fold_kept_counts(&pool).await?;
     fixtures::vacuum_tasks(&pool, true).await?;
     println!(
         "stats: {} finished, {} live, {} dead over {} tenants x {} types (filled in {:.0} s)",

@@ -54,7 +54,8 @@ pub const FILES: &[SqlFile] = sql_files![
     "claim.sql",
     "retention.sql",
     "dependencies.sql",
-    "history_counts.sql"
+    "history_counts.sql",
+    "hour_failures.sql"
 ];
 
 /// The version of the `sweep` that carries these files.
@@ -117,7 +118,7 @@ pub(super) async fn install(conn: &mut PgConnection) -> Result<(), StoreError> {
     }
     sqlx::query(RECORD).bind(sha256()).bind(VERSION).execute(&mut *tx).await?;
     sqlx::query(ADD_PARTITIONS).bind(PARTITIONS_AHEAD_DAYS).execute(&mut *tx).await?;
-    sqlx::query(ATTACH_HISTORY_COUNTS).execute(&mut *tx).await?;
+    sqlx::query(ATTACH_KEPT_COUNTS).execute(&mut *tx).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -161,12 +162,13 @@ const RECORD: &str = r#"
     "#;
 const ADD_PARTITIONS: &str =
     "select sweep.sweep_finished_add_partitions(now(), now() + $1 * interval '1 day')";
-/// Attaches the kept counts' triggers the first time, counting the history there is.
-const ATTACH_HISTORY_COUNTS: &str = "select sweep.sweep_history_attach()";
+/// Attaches the kept counts' triggers the first time, counting what there is.
+const ATTACH_KEPT_COUNTS: &str =
+    "select sweep.sweep_history_attach(), sweep.sweep_hour_failures_attach()";
 
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] =
-    statements![INSTALLED, RECORD, ADD_PARTITIONS, ATTACH_HISTORY_COUNTS];
+    statements![INSTALLED, RECORD, ADD_PARTITIONS, ATTACH_KEPT_COUNTS];
 
 #[cfg(test)]
 mod tests {

@@ -246,7 +246,7 @@ pub use secrets::{
     validate_secret_name, InvalidSecretName, PutSecret, SecretInfo, TaskCapabilityRows,
 };
 pub use sessions::{close_ui_session, find_ui_session, open_ui_session, UiSession};
-pub use stats::{fold_history_counts, queue_stats, TypeStats};
+pub use stats::{fold_kept_counts, queue_stats, TypeStats};
 pub use store::{
     check_schema, close_pool, migrate, migrate_with, Migrated, Role, Store, StoreError,
     StoreOptions, SCHEMA,

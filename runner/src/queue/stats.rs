@@ -7,7 +7,9 @@
 //! few rows per task type and day and what changed in the last few seconds; the
 //! two rates from the runners' per-minute counters (`task_minutes`), so they are what the
 //! runners last flushed (every few seconds) and count the attempts runners reported, as the
-//! charts do. A window's oldest minute counts for the share of it inside the window.
+//! charts do: the last minute's successes from its two minutes of counters, the last hour's
+//! failures from a kept total per task type (`hour_failures`) and the minutes at its edge. A
+//! window's oldest minute counts for the share of it inside the window.
 
 use serde::Serialize;
 use sqlx::PgExecutor;
@@ -38,11 +40,12 @@ pub struct TypeStats {
     pub completed_last_minute: i64,
 }
 
-/// Moves the kept counts' deltas into their totals (runner/sql/history_counts.sql); returns how
-/// many it moved (0 when another runner is folding). Every runner's maintenance calls it every
-/// few seconds; the counts read the same before and after.
-pub async fn fold_history_counts<'c, E: PgExecutor<'c>>(executor: E) -> Result<i64, QueueError> {
-    Ok(sqlx::query_scalar(FOLD_HISTORY_COUNTS).fetch_one(executor).await?)
+/// Moves the kept counts' deltas into their totals (runner/sql/history_counts.sql and
+/// hour_failures.sql) and the minutes that left the hour out of them; returns how many deltas
+/// it moved (0 when other runners are folding). Every runner's maintenance calls it every few
+/// seconds; the stats read the same before and after.
+pub async fn fold_kept_counts<'c, E: PgExecutor<'c>>(executor: E) -> Result<i64, QueueError> {
+    Ok(sqlx::query_scalar(FOLD_KEPT_COUNTS).fetch_one(executor).await?)
 }
 
 pub async fn queue_stats<'c, E: PgExecutor<'c>>(
@@ -90,22 +93,43 @@ const QUEUE_STATS: &str = concat!(
         where $1::text is null or tenant = $1
         group by tenant, task_type
     ),
-    -- A window's minutes wholly inside it count whole; the one minute it starts in counts
-    -- for the share of it inside (its weight is computed for that row only: per row, the
-    -- arithmetic cost more than the rest of the statement).
+    -- Failed attempts in the last hour: the kept total (runner/sql/hour_failures.sql), the
+    -- deltas not folded into it, less what it covers outside the window: the minutes before
+    -- it, and the share of its oldest minute that is. A key with no total covers from 61
+    -- minutes ago. The first condition on `m.minute` only bounds the index range.
+    failed_hour as (
+        select tenant, task_type, failed::float8 as failures
+        from sweep.hour_failures
+        where $1::text is null or tenant = $1
+        union all
+        select d.tenant, d.task_type, d.failed
+        from sweep.hour_failure_deltas d left join sweep.hour_failures k using (tenant, task_type)
+        where d.minute > coalesce(k.since, now() - interval '61 minutes')
+          and ($1::text is null or d.tenant = $1)
+        union all
+        select m.tenant, m.task_type,
+               -m.failed * least(1, date_part('epoch', now() - interval '60 minutes' - m.minute)
+                                    / 60)
+        from sweep.task_minutes m left join sweep.hour_failures k using (tenant, task_type)
+        where m.minute > least((select min(since) from sweep.hour_failures),
+                               now() - interval '61 minutes')
+          and m.minute < now() - interval '60 minutes'
+          and m.minute > coalesce(k.since, now() - interval '61 minutes')
+          and ($1::text is null or m.tenant = $1)
+    ),
+    -- Successes in the last minute, its oldest minute counting for its share inside.
     recent as (
-        select tenant, task_type, 0, 0, 0, 0, 0, 0, 0, null::timestamptz,
-               coalesce(sum(failed) filter (where minute >= now() - interval '60 minutes'), 0)
-               + coalesce(sum(failed * date_part('epoch', minute + interval '61 minutes' - now())
-                                 / 60)
-                            filter (where minute < now() - interval '60 minutes'), 0),
+        select tenant, task_type, 0, 0, 0, 0, 0, 0, 0, null::timestamptz, 0,
                coalesce(sum(succeeded) filter (where minute >= now() - interval '1 minute'), 0)
                + coalesce(sum(succeeded * date_part('epoch', minute + interval '2 minutes' - now())
                                  / 60)
-                            filter (where minute < now() - interval '1 minute'
-                                      and minute > now() - interval '2 minutes'), 0)
+                            filter (where minute < now() - interval '1 minute'), 0)
         from sweep.task_minutes
-        where minute > now() - interval '61 minutes' and ($1::text is null or tenant = $1)
+        where minute > now() - interval '2 minutes' and ($1::text is null or tenant = $1)
+        group by tenant, task_type
+        union all
+        select tenant, task_type, 0, 0, 0, 0, 0, 0, 0, null::timestamptz, sum(failures), 0
+        from failed_hour
         group by tenant, task_type
     ),
     every as (
@@ -130,6 +154,7 @@ const QUEUE_STATS: &str = concat!(
     order by 1, 2
     "#
 );
-const FOLD_HISTORY_COUNTS: &str = "select sweep.sweep_history_fold()";
+const FOLD_KEPT_COUNTS: &str =
+    "select sweep.sweep_history_fold() + sweep.sweep_hour_failures_fold()";
 #[cfg(test)]
-pub(super) const STATEMENTS: &[(&str, &str)] = statements![QUEUE_STATS, FOLD_HISTORY_COUNTS];
+pub(super) const STATEMENTS: &[(&str, &str)] = statements![QUEUE_STATS, FOLD_KEPT_COUNTS];

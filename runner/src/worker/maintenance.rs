@@ -177,8 +177,8 @@ pub(super) async fn run(
         if let Err(e) = minutes.flush(&store).await {
             tracing::warn!(error = %e, "adding the charts' per-minute counts failed; kept for the next try");
         }
-        if let Err(e) = queue::fold_history_counts(&store).await {
-            tracing::warn!(error = %e, "folding the history counts' deltas failed; kept for the next try");
+        if let Err(e) = queue::fold_kept_counts(&store).await {
+            tracing::warn!(error = %e, "folding the kept counts' deltas failed; kept for the next try");
         }
     });
     let hints = every(m.hint_repair_interval, stop.clone(), || async {
