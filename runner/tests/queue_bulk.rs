@@ -387,3 +387,126 @@ async fn copy_goes_through_a_transaction_pooler(_: PgPoolOptions, db: PgConnectO
     assert_eq!(count_tasks(&pool).await, 4 * 3 * 1_500, "{}", bouncer.log());
     assert!(queues(&pool).await.iter().all(|q| q.4), "hints are right");
 }
+
+/// A completion carrying thousands of follow-ups writes them by `COPY`: the rows an enqueue of
+/// the same tasks writes, in the parent's tenant, with its queues' hints, and the ids recorded
+/// in the parent's result in request order; nothing for a parent fenced out or cancelled, in
+/// the same batch.
+#[sqlx::test(migrations = false)]
+async fn follow_ups_by_copy_write_the_rows_an_enqueue_writes(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    sweep::admin::create_tenant(&pool, "acme", &queue::TenantCaps::default()).await.unwrap();
+    for (tenant, default) in [("default", 9), ("acme", 7)] {
+        let defaults = ModuleSettings { max_attempts: Some(default), ..ModuleSettings::default() };
+        register_empty(&pool, tenant, "defaulted", defaults).await;
+    }
+    let batch = mixed_batch(2 * COPY_MIN_BATCH);
+    // Every live row of the follow-ups in the order of the batch.
+    let follow_up_rows = || async {
+        let rows: Vec<Value> = sqlx::query_scalar(
+            "select to_jsonb(t) - '{id,created_at,updated_at,run_at}'::text[]
+                    || jsonb_build_object(
+                         'run_at', case when t.payload ? 'at' then to_jsonb(t.run_at)
+                                        else to_jsonb(t.run_at - t.created_at) end,
+                         'updated_is_created', t.updated_at = t.created_at)
+             from sweep.tasks t where t.task_type <> 'parent'
+             order by (t.payload ->> 'i')::int",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        rows
+    };
+    queue::enqueue_many_using(&pool, &batch, usize::MAX, EnqueueMethod::Insert).await.unwrap();
+    let enqueued = follow_up_rows().await;
+    empty_queue(&pool).await;
+
+    // Four parents, in `default` and `acme`: one gets each tenant's half of the batch, one is
+    // fenced out, one was asked to stop.
+    let mut parents = Vec::new();
+    for tenant in ["default", "acme", "acme", "default"] {
+        let id = queue::enqueue(&pool, NewTask::new("parent", json!({})).tenant(tenant))
+            .await
+            .unwrap()
+            .id;
+        parents.push(id);
+    }
+    let runner = uuid::Uuid::new_v4();
+    let lease = Duration::from_secs(60);
+    let claimed = queue::claim_batch(&pool, runner, 4, &["parent".to_owned()], lease).await.unwrap();
+    assert_eq!(claimed.len(), 4);
+    queue::cancel(&pool, None, parents[3]).await.unwrap();
+    let of = |tenant: &str| -> Vec<NewTask> {
+        batch.iter().filter(|t| t.tenant == tenant).cloned().collect()
+    };
+    let completions: Vec<queue::Completion> = parents
+        .iter()
+        .zip([of("default"), of("acme"), of("acme"), of("default")])
+        .enumerate()
+        .map(|(i, (&id, follow_ups))| {
+            let c = claimed.iter().find(|c| c.id == id).unwrap();
+            queue::Completion {
+                id,
+                // The third parent reports an attempt it does not hold.
+                attempt: c.attempt + i32::from(i == 2),
+                result: json!({"parent": i}),
+                module_sha256: None,
+                logs: None,
+                follow_ups,
+                usage: None,
+            }
+        })
+        .collect();
+    let lost = queue::complete_batch(&pool, runner, &completions).await.unwrap();
+    assert_eq!(lost, [parents[2]], "the fenced-out parent");
+
+    assert_eq!(follow_up_rows().await, enqueued, "the rows an enqueue of the batch writes");
+    let hints = queues(&pool).await;
+    let follow_up_queues: Vec<_> = hints.iter().filter(|q| q.1 != "parent").collect();
+    assert_eq!(follow_up_queues.len(), 6);
+    assert!(follow_up_queues.iter().all(|q| q.4), "every hint is its earliest task: {hints:?}");
+    for (i, parent) in parents.iter().enumerate().take(2) {
+        let view = show(&pool, *parent).await;
+        let ids: Vec<i64> = serde_json::from_value(view.result.unwrap()["$enqueued"].clone())
+            .expect("the follow-ups' ids in the result");
+        assert_eq!(ids.len(), completions[i].follow_ups.len());
+        for (id, asked) in ids.iter().zip(&completions[i].follow_ups) {
+            let got = show(&pool, *id).await;
+            assert_eq!((got.tenant.as_str(), &got.payload), (asked.tenant.as_str(), &asked.payload));
+        }
+    }
+    assert_eq!(state(&pool, parents[2]).await, TaskState::Running, "fenced out: untouched");
+    let stopped = show(&pool, parents[3]).await;
+    assert_eq!((stopped.state, stopped.result), (TaskState::Cancelled, None));
+
+    // Follow-ups naming another tenant than their parent's go to the parent's, as with the
+    // statement path.
+    empty_queue(&pool).await;
+    let parent = queue::enqueue(&pool, NewTask::new("parent", json!({})).tenant("acme"))
+        .await
+        .unwrap()
+        .id;
+    let claimed = queue::claim_batch(&pool, runner, 1, &["parent".to_owned()], lease).await.unwrap();
+    let follow_ups: Vec<NewTask> =
+        (0..COPY_MIN_BATCH as i64).map(|i| task("t", i).tenant("default")).collect();
+    let done = queue::Completion {
+        id: parent,
+        attempt: claimed[0].attempt,
+        result: json!({}),
+        module_sha256: None,
+        logs: None,
+        follow_ups,
+        usage: None,
+    };
+    assert!(queue::complete_batch(&pool, runner, &[done]).await.unwrap().is_empty());
+    let tenants: Vec<(String, i64)> =
+        sqlx::query_as("select tenant, count(*) from sweep.tasks group by 1")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(tenants, [("acme".to_owned(), COPY_MIN_BATCH as i64)]);
+}

@@ -26,8 +26,8 @@ use sqlx::{types::Json, PgExecutor};
 use uuid::Uuid;
 
 use super::{
-    sql_millis, types::Schedule, AttemptUsage, FailureKind, NewTask, QueueError, TaskId, TaskState,
-    DEFAULT_MAX_ATTEMPTS,
+    sql_millis, types::Schedule, AttemptUsage, Connects, FailureKind, NewTask, QueueError, TaskId,
+    TaskState, COPY_MIN_BATCH, DEFAULT_MAX_ATTEMPTS,
 };
 use chrono::{DateTime, Utc};
 
@@ -89,9 +89,23 @@ pub struct FailureReport {
 }
 
 /// Marks the tasks succeeded, moving them with their results to `finished_tasks` (those a
-/// cancel was requested for move there `cancelled`, their results discarded). Returns the ids
-/// whose lease was lost.
-pub async fn complete_batch<'c, E: PgExecutor<'c>>(
+/// cancel was requested for move there `cancelled`, their results discarded), and enqueues
+/// the follow-ups of the successes with them. Returns the ids whose lease was lost.
+pub async fn complete_batch<'c, A: Connects<'c>>(
+    conn: A,
+    runner: Uuid,
+    completions: &[Completion],
+) -> Result<Vec<TaskId>, QueueError> {
+    let follow_ups: usize = completions.iter().map(|c| c.follow_ups.len()).sum();
+    if follow_ups >= COPY_MIN_BATCH {
+        return super::follow_ups::complete_copying(conn, runner, completions).await;
+    }
+    let mut conn = conn.connect().await?;
+    complete_inserting(&mut conn, runner, completions).await
+}
+
+/// [`complete_batch`] in one statement, follow-ups (if any) inserted by it.
+pub(super) async fn complete_inserting<'e, E: PgExecutor<'e>>(
     executor: E,
     runner: Uuid,
     completions: &[Completion],
@@ -121,6 +135,39 @@ pub async fn complete_batch<'c, E: PgExecutor<'c>>(
             .await?
     };
     Ok(lost(&ids, applied.into_iter().map(|(id,)| id)))
+}
+
+/// A completion applied by [`complete_recording_ids`].
+pub(super) struct Applied {
+    pub id: TaskId,
+    /// A cancel was requested: it ended `cancelled`, its follow-ups are not to be written.
+    pub cancelled: bool,
+    pub tenant: String,
+}
+
+/// Applies the completions without their follow-ups, each success's result recording the ids
+/// `enqueued[i]` for completion `i`'s follow-ups, which the caller writes in the same
+/// transaction. Answers what applied and the ids whose lease was lost.
+pub(super) async fn complete_recording_ids<'e, E: PgExecutor<'e>>(
+    executor: E,
+    runner: Uuid,
+    completions: &[Completion],
+    enqueued: &[&[TaskId]],
+) -> Result<(Vec<Applied>, Vec<TaskId>), QueueError> {
+    let ids = sorted_ids(completions.iter().map(|c| c.id));
+    let reports = RecordingIds(completions, enqueued);
+    let applied: Vec<(TaskId, bool, String)> = sqlx::query_as(COMPLETE_COPYING)
+        .bind(runner)
+        .bind(&ids)
+        .bind(Json(&reports))
+        .fetch_all(executor)
+        .await?;
+    let lost = lost(&ids, applied.iter().map(|(id, ..)| *id));
+    let applied = applied
+        .into_iter()
+        .map(|(id, cancelled, tenant)| Applied { id, cancelled, tenant })
+        .collect();
+    Ok((applied, lost))
 }
 
 /// Records failed attempts: each task either goes back to `retrying` after its delay or, when
@@ -187,6 +234,25 @@ impl<R: KeyedReport> Serialize for ReportsById<'_, R> {
     }
 }
 
+/// [`ReportsById`] of completions whose follow-ups go apart: each with the ids they get
+/// (`enqueued`) instead of the tasks.
+struct RecordingIds<'a>(&'a [Completion], &'a [&'a [TaskId]]);
+
+impl Serialize for RecordingIds<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (c, enqueued) in self.0.iter().zip(self.1) {
+            let fields = CompletionFields {
+                follow_ups: Vec::new(),
+                enqueued: (!enqueued.is_empty()).then_some(*enqueued),
+                ..c.fields_alone()
+            };
+            map.serialize_entry(&c.id.to_string(), &fields)?;
+        }
+        map.end()
+    }
+}
+
 trait KeyedReport {
     type Fields<'a>: Serialize
     where
@@ -205,6 +271,9 @@ struct CompletionFields<'a> {
     follow_ups: Vec<FollowUpFields<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<AttemptUsage>,
+    /// The ids of the follow-ups `COPY` writes after the statement ([`COMPLETE_COPYING`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    enqueued: Option<&'a [TaskId]>,
 }
 
 /// A follow-up as the spawning statement reads it (every field present).
@@ -243,12 +312,23 @@ impl KeyedReport for Completion {
     }
     fn fields(&self) -> CompletionFields<'_> {
         CompletionFields {
+            follow_ups: self.follow_ups.iter().map(FollowUpFields::from).collect(),
+            ..self.fields_alone()
+        }
+    }
+}
+
+impl Completion {
+    /// Its report's fields without follow-ups.
+    fn fields_alone(&self) -> CompletionFields<'_> {
+        CompletionFields {
             attempt: self.attempt,
             result: &self.result,
             sha: self.module_sha256.as_deref(),
             logs: self.logs.as_deref(),
-            follow_ups: self.follow_ups.iter().map(FollowUpFields::from).collect(),
+            follow_ups: Vec::new(),
             usage: self.usage,
+            enqueued: None,
         }
     }
 }
@@ -330,9 +410,13 @@ fn truncate(s: &str, max: usize) -> &str {
 /// The completion statement: `done` (the fenced rows, deleted), `children` (see the module
 /// doc), then `$ctes` (more CTEs, each ending with a comma, reading `done`), the rows moved to
 /// `finished_tasks` with `$result` as their result (the success's, or null when a cancel
-/// was requested), read `from done cross join children $from`.
+/// was requested), read `from done cross join children $from`; it answers each moved row's
+/// `id` and `$answer` (more columns of `moved`: `id`, `state`, `tenant`).
 macro_rules! complete_statement {
     ([$($ctes:tt)*], [$($result:tt)*], [$($from:tt)*]) => {
+        complete_statement!([$($ctes)*], [$($result)*], [$($from)*], ["",])
+    };
+    ([$($ctes:tt)*], [$($result:tt)*], [$($from:tt)*], [$($answer:tt)*]) => {
         concat!(
             r#"
     with done as (
@@ -395,9 +479,11 @@ macro_rules! complete_statement {
         from done cross join children "#,
             $($from)*
             r#"
-        returning id
+        returning id, state, tenant
     )
-    select id from moved
+    select id"#,
+            $($answer)*
+            r#" from moved
     "#
         )
     };
@@ -458,6 +544,18 @@ const COMPLETE_SPAWNING: &str = complete_statement!(
         cross join spawned_notify
         cross join (select count(*) from woken_queues) w
         left join spawn_ids e on e.parent = done.id"#,]
+);
+/// [`COMPLETE`] for a batch whose follow-ups go by `COPY` after it (`follow_ups.rs`): a
+/// report carries the ids its follow-ups are to get (`enqueued`), which a success keeps in its
+/// result (`$enqueued`, as [`COMPLETE_SPAWNING`] does; a cancelled one keeps no result). Each
+/// moved row answers whether it ended cancelled and its tenant.
+const COMPLETE_COPYING: &str = complete_statement!(
+    [],
+    [r#"(case when report ? 'enqueued'
+                 then (report -> 'result') || jsonb_build_object('$enqueued', report -> 'enqueued')
+                 else report -> 'result' end)"#,],
+    ["",],
+    [", state = ", state!(cancelled), ", tenant",]
 );
 const FAIL: &str = concat!(
     r#"
@@ -578,7 +676,8 @@ const FAIL: &str = concat!(
         "#
 );
 #[cfg(test)]
-pub(super) const STATEMENTS: &[(&str, &str)] = statements![COMPLETE, COMPLETE_SPAWNING, FAIL];
+pub(super) const STATEMENTS: &[(&str, &str)] =
+    statements![COMPLETE, COMPLETE_SPAWNING, COMPLETE_COPYING, FAIL];
 
 #[cfg(test)]
 mod tests {

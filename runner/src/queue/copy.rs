@@ -84,6 +84,7 @@ struct Queue<'a> {
 
 /// The batch as `COPY` data, with the per-tuple fields the prelude decides still blank.
 pub(super) struct Encoded<'a> {
+    tasks: Vec<&'a NewTask>,
     buf: Vec<u8>,
     /// Where each task's tuple starts in `buf`.
     starts: Vec<usize>,
@@ -96,14 +97,22 @@ pub(super) struct Encoded<'a> {
 /// limit). Nothing has been sent when this fails: only a payload too long for a `COPY` field
 /// (2 GiB) can still be refused here.
 pub(super) fn encode<'a>(checked: &CheckedTasks<'a>) -> Result<Encoded<'a>, InvalidTask> {
-    let tasks = checked.tasks();
-    let mut buf = Vec::with_capacity(HEADER.len() + tasks.len() * 96 + 2);
+    encode_parts(std::slice::from_ref(checked))
+}
+
+/// [`encode`] for several checked batches written as one, in order.
+pub(super) fn encode_parts<'a>(parts: &[CheckedTasks<'a>]) -> Result<Encoded<'a>, InvalidTask> {
+    let count = parts.iter().map(|p| p.tasks().len()).sum();
+    let mut tasks = Vec::with_capacity(count);
+    let mut buf = Vec::with_capacity(HEADER.len() + count * 96 + 2);
     buf.extend_from_slice(HEADER);
-    let mut starts = Vec::with_capacity(tasks.len());
-    let mut queue_of = Vec::with_capacity(tasks.len());
+    let mut starts = Vec::with_capacity(count);
+    let mut queue_of = Vec::with_capacity(count);
     let mut queues: Vec<Queue<'a>> = Vec::new();
     let mut index: HashMap<(&str, &str), u32> = HashMap::new();
-    for (i, (task, payload)) in tasks.iter().zip(checked.payloads()).enumerate() {
+    let all = parts.iter().flat_map(|p| p.tasks().iter().zip(p.payloads()));
+    for (i, (task, payload)) in all.enumerate() {
+        tasks.push(task);
         let key = (task.tenant.as_str(), task.task_type.as_str());
         let q = match index.get(&key) {
             Some(&q) => q,
@@ -135,7 +144,7 @@ pub(super) fn encode<'a>(checked: &CheckedTasks<'a>) -> Result<Encoded<'a>, Inva
         buf.extend_from_slice(payload.as_bytes());
     }
     buf.extend_from_slice(&(-1i16).to_be_bytes());
-    Ok(Encoded { buf, starts, queue_of, queues })
+    Ok(Encoded { tasks, buf, starts, queue_of, queues })
 }
 
 fn field(buf: &mut Vec<u8>, value: &[u8]) {
@@ -152,55 +161,81 @@ fn pg_micros(at: DateTime<Utc>) -> Result<i64, QueueError> {
         .ok_or_else(|| QueueError::Corrupt(format!("run_at {at} does not fit a timestamptz")))
 }
 
-/// Writes `tasks`, as [`encode`]d into `encoded`, through `COPY` on `conn` (see the module
-/// header); `pooled`: the connection is a transaction pooler's, so no statement may be named.
-pub(super) async fn enqueue_copy(
+/// What [`prelude`] answers: the transaction's `now()`, ids drawn from the tasks sequence in
+/// ascending order, and the active modules' `max_attempts` defaults by `tenant/task_type`.
+pub(super) struct Prelude {
+    pub now: DateTime<Utc>,
+    pub ids: Vec<i64>,
+    defaults: HashMap<String, i32>,
+}
+
+/// Draws `count` ids and reads the defaults of `queues` (tenants, task types), inside the
+/// caller's transaction on `conn`; `pooled` as in [`enqueue_copy`].
+pub(super) async fn prelude(
     conn: &mut PgConnection,
     pooled: bool,
-    tasks: &[NewTask],
-    mut encoded: Encoded<'_>,
-) -> Result<Vec<Enqueued>, QueueError> {
-    let tenants: Vec<&str> = encoded.queues.iter().map(|q| q.tenant).collect();
-    let task_types: Vec<&str> = encoded.queues.iter().map(|q| q.task_type).collect();
+    count: usize,
+    (tenants, task_types): (&[&str], &[&str]),
+) -> Result<Prelude, QueueError> {
+    let (now, mut ids, Json(defaults)): (DateTime<Utc>, Vec<i64>, Json<HashMap<String, i32>>) =
+        sqlx::query_as(COPY_PRELUDE)
+            .bind(sql_count(count))
+            .bind(tenants)
+            .bind(task_types)
+            .persistent(!pooled)
+            .fetch_one(&mut *conn)
+            .await?;
+    if ids.len() != count {
+        return Err(QueueError::Corrupt(format!("drew {} ids for {count} tasks", ids.len())));
+    }
+    ids.sort_unstable();
+    Ok(Prelude { now, ids, defaults })
+}
 
-    let mut tx = conn.begin().await?;
-    let result = async {
-        let (now, mut ids, Json(defaults)): (DateTime<Utc>, Vec<i64>, Json<HashMap<String, i32>>) =
-            sqlx::query_as(COPY_PRELUDE)
-                .bind(sql_count(tasks.len()))
-                .bind(&tenants)
-                .bind(&task_types)
-                .persistent(!pooled)
-                .fetch_one(&mut *tx)
-                .await?;
-        if ids.len() != tasks.len() {
+impl<'a> Encoded<'a> {
+    /// The batch's queues, as [`prelude`] takes them.
+    pub(super) fn queues(&self) -> (Vec<&'a str>, Vec<&'a str>) {
+        self.queues.iter().map(|q| (q.tenant, q.task_type)).unzip()
+    }
+
+    /// Sends the tasks, task `i` with id `ids[i]`, inside the caller's transaction on `conn`,
+    /// then wakes their queues (`pooled` as in [`enqueue_copy`]). `prelude` must hold the
+    /// defaults of every queue of the batch.
+    pub(super) async fn send(
+        mut self,
+        conn: &mut PgConnection,
+        pooled: bool,
+        prelude: &Prelude,
+        ids: &[i64],
+    ) -> Result<(), QueueError> {
+        if ids.len() != self.tasks.len() {
             return Err(QueueError::Corrupt(format!(
-                "drew {} ids for {} tasks",
+                "{} ids for {} tasks",
                 ids.len(),
-                tasks.len()
+                self.tasks.len()
             )));
         }
-        ids.sort_unstable();
-        let queue_defaults: Vec<i32> = encoded
+        let now = prelude.now;
+        let queue_defaults: Vec<i32> = self
             .queues
             .iter()
             .map(|q| {
                 let key = format!("{}/{}", q.tenant, q.task_type);
-                defaults.get(&key).copied().unwrap_or(DEFAULT_MAX_ATTEMPTS)
+                prelude.defaults.get(&key).copied().unwrap_or(DEFAULT_MAX_ATTEMPTS)
             })
             .collect();
-        for (i, task) in tasks.iter().enumerate() {
+        for (i, task) in self.tasks.iter().enumerate() {
             let run_at = match task.schedule {
                 Schedule::Now => now,
                 Schedule::At(at) => at,
                 Schedule::After(d) => now + chrono::Duration::milliseconds(sql_millis(d)),
             };
-            let q = encoded.queue_of[i] as usize;
+            let q = self.queue_of[i] as usize;
             let max_attempts = task.max_attempts.unwrap_or(queue_defaults[q]);
-            let queue = &mut encoded.queues[q];
+            let queue = &mut self.queues[q];
             queue.earliest = Some(queue.earliest.map_or(run_at, |e| e.min(run_at)));
-            let at = encoded.starts[i];
-            let buf = &mut encoded.buf;
+            let at = self.starts[i];
+            let buf = &mut self.buf;
             buf[at + ID_AT..at + ID_AT + 8].copy_from_slice(&ids[i].to_be_bytes());
             buf[at + RUN_AT_AT..at + RUN_AT_AT + 8]
                 .copy_from_slice(&pg_micros(run_at)?.to_be_bytes());
@@ -208,28 +243,49 @@ pub(super) async fn enqueue_copy(
                 .copy_from_slice(&max_attempts.to_be_bytes());
         }
 
-        let mut copy = tx.copy_in_raw(COPY_TASKS).await?;
-        for chunk in encoded.buf.chunks(SEND_CHUNK) {
+        let mut copy = conn.copy_in_raw(COPY_TASKS).await?;
+        for chunk in self.buf.chunks(SEND_CHUNK) {
             if let Err(e) = copy.send(chunk).await {
                 let _ = copy.abort("sending the batch failed").await;
                 return Err(e.into());
             }
         }
         let copied = copy.finish().await?;
-        if copied != tasks.len() as u64 {
-            return Err(QueueError::Corrupt(format!("copied {copied} of {} tasks", tasks.len())));
+        if copied != self.tasks.len() as u64 {
+            return Err(QueueError::Corrupt(format!(
+                "copied {copied} of {} tasks",
+                self.tasks.len()
+            )));
         }
 
+        let (tenants, task_types) = self.queues();
         let run_ats: Vec<DateTime<Utc>> =
-            encoded.queues.iter().map(|q| q.earliest.unwrap_or(now)).collect();
+            self.queues.iter().map(|q| q.earliest.unwrap_or(now)).collect();
         sqlx::query(COPY_WAKE)
             .bind(&tenants)
             .bind(&task_types)
             .bind(&run_ats)
             .persistent(!pooled)
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await?;
-        Ok(ids)
+        Ok(())
+    }
+}
+
+/// Writes the tasks [`encode`]d into `encoded` through `COPY` on `conn` (see the module
+/// header); `pooled`: the connection is a transaction pooler's, so no statement may be named.
+pub(super) async fn enqueue_copy(
+    conn: &mut PgConnection,
+    pooled: bool,
+    encoded: Encoded<'_>,
+) -> Result<Vec<Enqueued>, QueueError> {
+    let count = encoded.tasks.len();
+    let mut tx = conn.begin().await?;
+    let result = async {
+        let (tenants, task_types) = encoded.queues();
+        let prelude = prelude(&mut tx, pooled, count, (&tenants, &task_types)).await?;
+        encoded.send(&mut tx, pooled, &prelude, &prelude.ids).await?;
+        Ok(prelude.ids)
     }
     .await;
     match result {

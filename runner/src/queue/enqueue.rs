@@ -124,7 +124,7 @@ where
         let encoded = copy::encode(checked)?;
         let mut conn = conn.connect().await?;
         let (raw, pooled) = conn.raw();
-        return copy::enqueue_copy(raw, pooled, tasks, encoded).await;
+        return copy::enqueue_copy(raw, pooled, encoded).await;
     }
     let mut conn = conn.connect().await?;
     let columns = Columns::of(checked, 0..tasks.len());
