@@ -156,6 +156,28 @@ async fn claims_reports_heartbeats_and_enqueues_go_through_the_pooler(
     assert_eq!(stats.iter().map(|s| s.succeeded).sum::<i64>(), total as i64, "{stats:?}");
     let shown = queue::get_task(&admin, None, plain_ids[0].id).await.unwrap();
     assert_eq!(shown.result, Some(json!({"n": plain_ids[0].id})));
+
+    // A completion with enough follow-ups to write them by `COPY`, in its transaction.
+    let parent = queue::enqueue(&admin, task("parent", 0)).await.unwrap().id;
+    let held = queue::claim_batch(&runner, me, 1, &["parent".to_owned()], LEASE).await.unwrap();
+    let n = queue::COPY_MIN_BATCH;
+    let done = queue::Completion {
+        id: parent,
+        attempt: held[0].attempt,
+        result: json!({}),
+        module_sha256: None,
+        logs: None,
+        follow_ups: (0..n as i64).map(|i| task("next", i)).collect(),
+        usage: None,
+    };
+    assert!(queue::complete_batch(&runner, me, &[done]).await.unwrap().is_empty());
+    let enqueued = show(&direct, parent).await.result.unwrap()["$enqueued"].clone();
+    let spawned: Vec<i64> =
+        sqlx::query_scalar("select id from sweep.tasks where task_type = 'next' order by id")
+            .fetch_all(&direct)
+            .await
+            .unwrap();
+    assert_eq!((spawned.len(), json!(spawned)), (n, enqueued));
 }
 
 /// An admin API on a pooled admin store, driven in-process.

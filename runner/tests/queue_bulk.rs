@@ -437,7 +437,8 @@ async fn follow_ups_by_copy_write_the_rows_an_enqueue_writes(
     }
     let runner = uuid::Uuid::new_v4();
     let lease = Duration::from_secs(60);
-    let claimed = queue::claim_batch(&pool, runner, 4, &["parent".to_owned()], lease).await.unwrap();
+    let claimed =
+        queue::claim_batch(&pool, runner, 4, &["parent".to_owned()], lease).await.unwrap();
     assert_eq!(claimed.len(), 4);
     queue::cancel(&pool, None, parents[3]).await.unwrap();
     let of = |tenant: &str| -> Vec<NewTask> {
@@ -476,7 +477,10 @@ async fn follow_ups_by_copy_write_the_rows_an_enqueue_writes(
         assert_eq!(ids.len(), completions[i].follow_ups.len());
         for (id, asked) in ids.iter().zip(&completions[i].follow_ups) {
             let got = show(&pool, *id).await;
-            assert_eq!((got.tenant.as_str(), &got.payload), (asked.tenant.as_str(), &asked.payload));
+            assert_eq!(
+                (got.tenant.as_str(), &got.payload),
+                (asked.tenant.as_str(), &asked.payload)
+            );
         }
     }
     assert_eq!(state(&pool, parents[2]).await, TaskState::Running, "fenced out: untouched");
@@ -486,11 +490,10 @@ async fn follow_ups_by_copy_write_the_rows_an_enqueue_writes(
     // Follow-ups naming another tenant than their parent's go to the parent's, as with the
     // statement path.
     empty_queue(&pool).await;
-    let parent = queue::enqueue(&pool, NewTask::new("parent", json!({})).tenant("acme"))
-        .await
-        .unwrap()
-        .id;
-    let claimed = queue::claim_batch(&pool, runner, 1, &["parent".to_owned()], lease).await.unwrap();
+    let parent =
+        queue::enqueue(&pool, NewTask::new("parent", json!({})).tenant("acme")).await.unwrap().id;
+    let claimed =
+        queue::claim_batch(&pool, runner, 1, &["parent".to_owned()], lease).await.unwrap();
     let follow_ups: Vec<NewTask> =
         (0..COPY_MIN_BATCH as i64).map(|i| task("t", i).tenant("default")).collect();
     let done = queue::Completion {
