@@ -314,6 +314,13 @@ async fn failures_last_hour_match_the_minutes_through_folds_time_and_deletes(
     assert_failures_match_the_minutes(&pool, "after the first attach and a fold").await;
     queue::add_minutes(&pool, &random_flush(&mut rng)).await.unwrap();
     assert_failures_match_the_minutes(&pool, "after the first attach and a flush").await;
+
+    // A truncate empties the totals with the minutes.
+    sqlx::query("truncate sweep.task_minutes").execute(&owner).await.unwrap();
+    assert_failures_match_the_minutes(&pool, "after a truncate").await;
+    queue::add_minutes(&pool, &random_flush(&mut rng)).await.unwrap();
+    queue::fold_kept_counts(&pool).await.unwrap();
+    assert_failures_match_the_minutes(&pool, "after a truncate, a flush and a fold").await;
 }
 
 /// What one runner flushes: a few keys, each once, in minutes from 75 ago to now.
