@@ -1,6 +1,7 @@
 //! Bulk enqueue through binary `COPY`: the path `enqueue_many` takes for a large batch
 //! without dedup keys (see [`COPY_MIN_BATCH`]), writing exactly the rows the `INSERT` path
-//! would, about twice as fast.
+//! would, about twice as fast. A completion with many follow-ups sends them through the same
+//! steps inside its own transaction (`follow_ups.rs`).
 //!
 //! One transaction (a savepoint when the caller's connection is already in one):
 //! 1. `COPY_PRELUDE`: the transaction's `now()`, one id per task from the tasks sequence, and

@@ -1,14 +1,15 @@
 //! Follow-up tasks: the tasks a handler asks for in its result (`"$enqueue": [...]`), enqueued
-//! by the statement that records its success (`complete.rs`), so an attempt that failed, timed
-//! out, was cancelled or lost its lease enqueues none, and a retried attempt that succeeds
-//! enqueues them once.
+//! in the transaction that records its success, so an attempt that failed, timed out, was
+//! cancelled or lost its lease enqueues none, and a retried attempt that succeeds enqueues
+//! them once.
 //!
-//! A batch with fewer than [`COPY_MIN_BATCH`](super::COPY_MIN_BATCH) follow-ups has them inserted by the completion
-//! statement itself; a larger one is written in one transaction by [`complete_copying`]: ids
-//! drawn for every follow-up, the completions applied (each success's result recording its
-//! follow-ups' ids), then the follow-ups of the successes that applied sent by binary `COPY`
-//! (`copy.rs`, as a bulk enqueue) and their queues woken. The statement path costs about
-//! twice what `COPY` does per task at thousands of tasks.
+//! A batch with fewer than [`COPY_MIN_BATCH`](super::COPY_MIN_BATCH) follow-ups has them
+//! inserted by the completion statement itself (`complete.rs`); a larger one is written in
+//! one transaction by [`complete_copying`]: ids drawn for every follow-up, the completions
+//! applied (each success's result recording its follow-ups' ids), then the follow-ups of the
+//! successes that applied sent by binary `COPY` (`copy.rs`, as a bulk enqueue) and their
+//! queues woken. At 10,000 follow-ups the statement took 2.3-2.5x the time of an
+//! `enqueue_many` of as many tasks, the `COPY` path 1.1x.
 //!
 //! Invariants: a follow-up is a task of the handler's own tenant (the request names no tenant);
 //! each is checked as any enqueue is ([`NewTask::validate`], the tenant's payload limit, a
