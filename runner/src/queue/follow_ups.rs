@@ -92,10 +92,10 @@ pub fn take_follow_ups(result: &mut Value, tenant: &str) -> Result<Vec<NewTask>,
     Ok(tasks)
 }
 
-/// [`complete_batch`](super::complete_batch) for a batch with at least [`COPY_MIN_BATCH`](super::COPY_MIN_BATCH)
-/// follow-ups (see the module header). A follow-up whose tenant is not its parent's (the
-/// worker never builds one; a library caller might) sends the batch down the statement path,
-/// which enqueues it in the parent's tenant.
+/// [`complete_batch`](super::complete_batch) for a batch with at least
+/// [`COPY_MIN_BATCH`](super::COPY_MIN_BATCH) follow-ups (see the module header). A follow-up
+/// whose tenant is not its parent's (the worker never builds one; a library caller might)
+/// sends the batch down the statement path, which enqueues it in the parent's tenant.
 pub(super) async fn complete_copying<'c, A: Connects<'c>>(
     conn: A,
     runner: Uuid,
