@@ -55,7 +55,8 @@ pub const FILES: &[SqlFile] = sql_files![
     "retention.sql",
     "dependencies.sql",
     "history_counts.sql",
-    "hour_failures.sql"
+    "hour_failures.sql",
+    "usage_fold.sql"
 ];
 
 /// The version of the `sweep` that carries these files.

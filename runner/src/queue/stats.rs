@@ -40,9 +40,9 @@ pub struct TypeStats {
     pub completed_last_minute: i64,
 }
 
-/// Moves the kept counts' deltas into their totals (runner/sql/history_counts.sql and
-/// hour_failures.sql) and the minutes that left the hour out of them; returns how many deltas
-/// it moved (0 when other runners are folding). Every runner's maintenance calls it every few
+/// Moves the kept counts' deltas into their totals (runner/sql/history_counts.sql,
+/// hour_failures.sql, usage_fold.sql) and the minutes that left the hour out of them; returns
+/// how many deltas it moved (0 when other runners are folding). Every runner's maintenance calls it every few
 /// seconds; the stats read the same before and after.
 pub async fn fold_kept_counts<'c, E: PgExecutor<'c>>(executor: E) -> Result<i64, QueueError> {
     Ok(sqlx::query_scalar(FOLD_KEPT_COUNTS).fetch_one(executor).await?)
@@ -154,7 +154,7 @@ const QUEUE_STATS: &str = concat!(
     order by 1, 2
     "#
 );
-const FOLD_KEPT_COUNTS: &str =
-    "select sweep.sweep_history_fold() + sweep.sweep_hour_failures_fold()";
+const FOLD_KEPT_COUNTS: &str = "select sweep.sweep_history_fold() + \
+                                sweep.sweep_hour_failures_fold() + sweep.sweep_usage_fold()";
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str)] = statements![QUEUE_STATS, FOLD_KEPT_COUNTS];
