@@ -42,8 +42,8 @@ pub struct TypeStats {
 
 /// Moves the kept counts' deltas into their totals (runner/sql/history_counts.sql,
 /// hour_failures.sql, usage_fold.sql) and the minutes that left the hour out of them; returns
-/// how many deltas it moved (0 when other runners are folding). Every runner's maintenance calls it every few
-/// seconds; the stats read the same before and after.
+/// how many deltas it moved (0 when other runners are folding). Every runner's maintenance
+/// calls it every few seconds; the stats read the same before and after.
 pub async fn fold_kept_counts<'c, E: PgExecutor<'c>>(executor: E) -> Result<i64, QueueError> {
     Ok(sqlx::query_scalar(FOLD_KEPT_COUNTS).fetch_one(executor).await?)
 }
@@ -128,9 +128,8 @@ const QUEUE_STATS: &str = concat!(
         where minute > now() - interval '2 minutes' and ($1::text is null or tenant = $1)
         group by tenant, task_type
         union all
-        select tenant, task_type, 0, 0, 0, 0, 0, 0, 0, null::timestamptz, sum(failures), 0
+        select tenant, task_type, 0, 0, 0, 0, 0, 0, 0, null::timestamptz, failures, 0
         from failed_hour
-        group by tenant, task_type
     ),
     every as (
         select * from live
