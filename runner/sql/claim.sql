@@ -340,7 +340,8 @@ $$;
 -- ring of queues this claim starts looking (random, drawn by the runner).
 --
 -- Cost: the statement reads the running tasks once (bounded by the runners' slots) and a
--- window of at most p_limit + 16 due queues (never the backlog), then probes each chosen
+-- window of at most p_limit + 16 due queues (never the backlog), shares the slots among all
+-- of it or, when it is crowded, among its first p_limit / 4 + 16, then probes each chosen
 -- queue's index once. Sets of rows are brought together by grouping or window functions over
 -- their union, never by joins of CTEs (the statement is planned once per connection, and such
 -- joins come out as nested loops in a generic plan) nor by lookups in objects built per claim;
@@ -367,7 +368,20 @@ begin
     ---- Choosing due queues, and what each could take.
 
     sample as materialized (
-        select * from sweep_claim_window(p_ring, p_limit + 16, p_task_types)
+        select w.*, row_number() over () as rn
+        from sweep_claim_window(p_ring, p_limit + 16, p_task_types) w
+    ),
+    -- The queues the slots are shared among: the whole window, or, when it is crowded (at
+    -- least p_limit due queues, so that most would get one slot or none), its first
+    -- p_limit / 4 + 16 in ring order. Sharing out costs per queue shared among (the running
+    -- counts grouped with it, the tickets, a probe, a lock and a look for more per queue
+    -- served); among a quarter as many queues each winner takes about 4 slots, and the ring's
+    -- random start spreads the winners across claims. The rest of the window fills what the
+    -- head leaves (below), so a crowded claim of queues with one or two due tasks each is full.
+    head as materialized (
+        select s.* from sample s
+        where s.rn <= case when (select count(*) from sample) >= p_limit then p_limit / 4 + 16
+                           else p_limit + 16 end
     ),
     -- Each queue of the window with the slots it holds and its tenant holds, across all
     -- runners. One grouping of the window's rows and the running tasks together, then a
@@ -396,7 +410,7 @@ begin
             from (
                 select s.tenant, s.task_type, s.weight, s.max_running, s.rate_per_sec,
                        true as in_window, 0::int4 as n
-                from sample s
+                from head s
                 union all
                 select r.tenant, r.task_type, null, null, null, false, 1::int4
                 from tasks r
@@ -411,7 +425,7 @@ begin
     -- when no queue of the window has a rate limit (nothing refers to it then).
     tokens as materialized (
         select s.tenant, s.task_type, b.available, b.at
-        from sample s
+        from head s
         cross join lateral sweep_queue_tokens(s.tenant, s.task_type) b
         where s.rate_per_sec is not null
     ),
@@ -585,20 +599,30 @@ begin
         from picked, unnest(ids, ctids) as u(id, ctid)
     ),
     -- Work-conserving: slots a queue could not fill (fewer due tasks than its share, or rows
-    -- locked by another claimer) go to other uncapped queues of the window, least served first.
+    -- locked by another claimer) go to other uncapped queues: up to 4 of those shared among,
+    -- least served first, then the rest of a crowded window in ring order, as many as it takes
+    -- (the probes stop once the claim is full; the append runs its parts in order).
     filled as materialized (
-        select f.ctid
+        select q.tenant, q.task_type, f.ctid, f.id
         from (
-            select q.tenant, q.task_type from queue_room q
-            where not p_starved and not q.capped
-              and not exists (select 1 from caps c where c.name = q.tenant)
-              and (select cardinality(ids) from picked_ids) < p_limit
-            order by q.tenant_running / q.weight, q.running, q.tie
-            limit 4
+            (select q.tenant, q.task_type from queue_room q
+             where not p_starved and not q.capped
+               and not exists (select 1 from caps c where c.name = q.tenant)
+               and (select cardinality(ids) from picked_ids) < p_limit
+             order by q.tenant_running / q.weight, q.running, q.tie
+             limit 4)
+            union all
+            (select s.tenant, s.task_type from sample s
+             where not p_starved and s.rn > (select count(*) from head)
+               and s.max_running is null and s.rate_per_sec is null
+               and not exists (select 1 from tenants t
+                               where t.name = s.tenant and t.max_running is not null)
+               and (select cardinality(ids) from picked_ids) < p_limit
+             order by s.rn)
         ) q
         cross join picked_ids p
         cross join lateral (
-            select t.ctid from tasks t
+            select t.ctid, t.id from tasks t
             where t.tenant = q.tenant and t.task_type = q.task_type
               and t.state in ('pending', 'retrying') and t.run_at <= now()
               and t.id <> all(p.ids)
@@ -608,9 +632,14 @@ begin
         ) f
         limit greatest(p_limit - (select cardinality(ids) from picked_ids), 0)
     ),
-    -- A queue this claim emptied of due work: look again under FOR UPDATE (which waits for no
-    -- one and is refused while an enqueue to it is in flight, see wake_queues.sql) and move
-    -- its hint to its next waiting task, or clear it.
+    -- Every task this claim takes.
+    taken as materialized (
+        select p.ids || coalesce((select array_agg(f.id) from filled f), '{}') as ids
+        from picked_ids p
+    ),
+    -- A queue this claim emptied of due work, or filled from (which may have emptied it): look
+    -- again under FOR UPDATE (which waits for no one and is refused while an enqueue to it is
+    -- in flight, see wake_queues.sql) and move its hint to its next waiting task, or clear it.
     --
     -- Each such queue row is found by its key, in a lateral subquery of its own: a join of
     -- `picked` with `queues` was planned as a hash or merge join over every queue row, a cost
@@ -623,14 +652,16 @@ begin
             select r.ctid
             from (select p.tenant, p.task_type from picked p
                   where not p.more and not p.rated
-                  order by p.tenant, p.task_type) p
+                  union
+                  select f.tenant, f.task_type from filled f
+                  order by 1, 2) p
             cross join lateral (
                 select q2.ctid from queues q2
                 where q2.tenant = p.tenant and q2.task_type = p.task_type
                 for update skip locked
             ) r
         ) l
-        cross join picked_ids i
+        cross join taken i
         where q.ctid = l.ctid
     ),
     -- A rate-limited queue this claim emptied: its hint is corrected as above, under FOR

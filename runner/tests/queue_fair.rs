@@ -417,6 +417,52 @@ async fn more_due_queues_than_a_claim_looks_at_are_all_served(
     assert_eq!(running_by_tenant(&pool).await.len(), 300);
 }
 
+/// A crowded window (at least as many due queues as the claim's size) shares the slots among
+/// its first size / 4 + 16 queues: each winner takes 2 or 3 of a claim of 100 (41 queues), every
+/// claim is full while work is due, the queues the rest of the window filled from are rehinted
+/// when they run dry, and the draining ends with no queue left due.
+#[sqlx::test(migrations = false)]
+async fn a_crowded_claim_gives_each_winner_a_few_slots_and_stays_full(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    for t in 0..300 {
+        backlog(&pool, &format!("t{t}"), "work", 10).await;
+    }
+    let runner = new_runner();
+    let first = claim(&pool, runner, 100).await;
+    assert_eq!(first.len(), 100);
+    let mut per_tenant: HashMap<&str, usize> = HashMap::new();
+    for c in &first {
+        *per_tenant.entry(c.tenant.as_str()).or_default() += 1;
+    }
+    // 100 slots over the 41 queues shared among: 18 of them get 3, the rest 2.
+    assert_eq!(per_tenant.len(), 41, "{per_tenant:?}");
+    assert!(per_tenant.values().all(|&n| n == 2 || n == 3), "{per_tenant:?}");
+
+    // Two due tasks a queue: the head's queues run dry at once and the rest of the window fills
+    // the claim; all 600 in exactly 6 claims, and no hint is left pointing at a dry queue.
+    for t in 0..300 {
+        backlog(&pool, &format!("u{t}"), "pair", 2).await;
+    }
+    let other = new_runner();
+    for _ in 0..6 {
+        let got = queue::claim(&pool, other, 100, &["pair".to_string()], LEASE, ClaimMode::Fair)
+            .await
+            .expect("claim");
+        assert_eq!(got.len(), 100);
+    }
+    let left: i64 = sqlx::query_scalar(
+        "select count(*) from sweep.queues where task_type = 'pair' and next_run_at is not null",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(left, 0, "dry queues still hinted due");
+}
+
 /// Two runners' spare-slot claims at the same moment: the first admits the newly due queue
 /// and holds its try-lock until it commits; the second gets no slot for it meanwhile, and after
 /// the commit sees the first one's task running.
