@@ -5,7 +5,9 @@
 //!   tenant A floods the queue with tasks that spin until their 2 s timeout; B's
 //!   enqueue-to-start latency (database clock) in both phases;
 //! - shares: three backlogged tenants with weights 1, 1 and 2 running tasks that hold a slot
-//!   for 100 ms; each one's share of the held slots, sampled every 100 ms;
+//!   for 100 ms; each one's share of the held slots, sampled every 100 ms; then the same among
+//!   1,000 backlogged tenants (`--share-crowd`), half of weight 1 and half of weight 2, each
+//!   half's share (every claim then finds more due queues than it has slots);
 //! - cost: draining the same number of no-op tasks owned by one tenant and by 1,000 and
 //!   10,000 (20 and 2 tasks each at the defaults), with 10,000 tenants in the table each time;
 //!   with `pg_stat_statements` preloaded on the server, the statements that took the most
@@ -62,6 +64,9 @@ pub struct FairnessArgs {
     /// Seconds the shares scenario samples for.
     #[arg(long, default_value_t = 10)]
     pub share_secs: u64,
+    /// Backlogged tenants in the crowded part of the shares scenario (0: skip it).
+    #[arg(long, default_value_t = 1_000)]
+    pub share_crowd: usize,
     /// Run only these scenarios (repeat the flag; default: all four).
     #[arg(long, value_enum)]
     pub only: Vec<Scenario>,
@@ -94,6 +99,9 @@ pub async fn fairness(url: &str, modules: &Path, args: &FairnessArgs) -> anyhow:
     }
     if run(Scenario::Shares) {
         shares(url, modules, &config, args).await?;
+        if args.share_crowd > 0 {
+            crowd_shares(url, modules, &config, args).await?;
+        }
     }
     if run(Scenario::Cost) {
         cost(url, &config, args).await?;
@@ -228,6 +236,86 @@ async fn shares(
             share * 100.0,
             min,
             max,
+            verdict((share - expected).abs() <= 0.1 * expected)
+        );
+    }
+    Ok(())
+}
+
+/// Weighted shares among `--share-crowd` backlogged tenants: the odd-numbered ones of weight 2,
+/// the rest of weight 1, so the weight-2 half should hold two thirds of the slots held.
+async fn crowd_shares(
+    url: &str,
+    modules: &Path,
+    config: &WorkerConfig,
+    args: &FairnessArgs,
+) -> anyhow::Result<()> {
+    let n = args.share_crowd;
+    let store = fresh_database(url).await?;
+    let pool = store.pool().clone();
+    let hold = read_module(modules, "sleep")?;
+    fixtures::add_busy_tenants(&pool, "c", n, "hold", &sha256_hex(&hold), &hold).await?;
+    // Before the enqueue: a new queue row copies its tenant's weight.
+    sqlx::query("update sweep.tenants set weight = 2 where name ~ '^c[0-9]*[13579]$'")
+        .execute(&pool)
+        .await?;
+    let heavy = |tenant: &str| tenant.ends_with(['1', '3', '5', '7', '9']);
+    // Three times what the runner could start in the sampled time, spread over the tenants.
+    let started = config.concurrency * (args.share_secs as usize + 5) * 1000
+        / usize::try_from(HOLD_MS).unwrap_or(1);
+    let per = (3 * started / n.max(1)).max(10);
+    let tasks: Vec<NewTask> = (0..n * per)
+        .map(|i| NewTask::new("hold", json!({ "sleep_ms": HOLD_MS })).tenant(format!("c{}", i % n)))
+        .collect();
+    for chunk in tasks.chunks(10_000) {
+        queue::enqueue_many(&pool, chunk).await?;
+    }
+    let runner = Running::start(&store, config.clone())?;
+    wait_until(Duration::from_secs(10), || async {
+        let held: i64 = fixtures::running_by_tenant(&pool).await?.iter().map(|r| r.1).sum();
+        Ok(held >= config.concurrency as i64)
+    })
+    .await?;
+    let (mut light_held, mut heavy_held, mut samples) = (0i64, 0i64, 0usize);
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let until = Instant::now() + Duration::from_secs(args.share_secs);
+    while Instant::now() < until {
+        tick.tick().await;
+        for (tenant, held) in fixtures::running_by_tenant(&pool).await? {
+            if heavy(&tenant) {
+                heavy_held += held;
+            } else {
+                light_held += held;
+            }
+        }
+        samples += 1;
+    }
+    runner.stop().await?;
+
+    let heavies = (0..n).filter(|i| heavy(&i.to_string())).count();
+    let weights = (n - heavies + 2 * heavies) as f64;
+    let total = (light_held + heavy_held).max(1) as f64;
+    println!();
+    println!(
+        "shares among {n} backlogged tenants ({per} tasks each), {} of weight 1 and {heavies} of \
+         weight 2, {samples} samples over {} s",
+        n - heavies,
+        args.share_secs
+    );
+    println!(
+        "  {:<8} {:>10} {:>10}  target: within 10% of the half's share",
+        "half", "expected", "measured"
+    );
+    for (name, held, weight) in [
+        ("weight 1", light_held, (n - heavies) as f64),
+        ("weight 2", heavy_held, 2.0 * heavies as f64),
+    ] {
+        let (share, expected) = (held as f64 / total, weight / weights);
+        println!(
+            "  {:<8} {:>9.1}% {:>9.1}%  {}",
+            name,
+            expected * 100.0,
+            share * 100.0,
             verdict((share - expected).abs() <= 0.1 * expected)
         );
     }
