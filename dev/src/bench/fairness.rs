@@ -182,19 +182,9 @@ async fn shares(
         admin::create_tenant(&pool, name, &TenantCaps::default()).await?;
         queue::set_tenant_weight(&pool, name, weight).await?;
         register(&pool, name, "hold", &hold, ModuleSettings::default()).await?;
-        let tasks: Vec<NewTask> = (0..backlog / 3)
-            .map(|_| NewTask::new("hold", json!({ "sleep_ms": HOLD_MS })).tenant(name))
-            .collect();
-        for chunk in tasks.chunks(10_000) {
-            queue::enqueue_many(&pool, chunk).await?;
-        }
+        enqueue_holds(&pool, (0..backlog / 3).map(|_| name.to_owned())).await?;
     }
-    let runner = Running::start(&store, config.clone())?;
-    wait_until(Duration::from_secs(10), || async {
-        let held: i64 = fixtures::running_by_tenant(&pool).await?.iter().map(|r| r.1).sum();
-        Ok(held >= config.concurrency as i64)
-    })
-    .await?;
+    let runner = start_holding_every_slot(&store, &pool, config).await?;
     let mut samples: HashMap<String, Vec<i64>> = HashMap::new();
     let mut totals = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -264,18 +254,8 @@ async fn crowd_shares(
     let started = config.concurrency * (args.share_secs as usize + 5) * 1000
         / usize::try_from(HOLD_MS).unwrap_or(1);
     let per = (3 * started / n.max(1)).max(10);
-    let tasks: Vec<NewTask> = (0..n * per)
-        .map(|i| NewTask::new("hold", json!({ "sleep_ms": HOLD_MS })).tenant(format!("c{}", i % n)))
-        .collect();
-    for chunk in tasks.chunks(10_000) {
-        queue::enqueue_many(&pool, chunk).await?;
-    }
-    let runner = Running::start(&store, config.clone())?;
-    wait_until(Duration::from_secs(10), || async {
-        let held: i64 = fixtures::running_by_tenant(&pool).await?.iter().map(|r| r.1).sum();
-        Ok(held >= config.concurrency as i64)
-    })
-    .await?;
+    enqueue_holds(&pool, (0..n * per).map(|i| format!("c{}", i % n))).await?;
+    let runner = start_holding_every_slot(&store, &pool, config).await?;
     let (mut light_held, mut heavy_held, mut samples) = (0i64, 0i64, 0usize);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let until = Instant::now() + Duration::from_secs(args.share_secs);
@@ -320,6 +300,31 @@ async fn crowd_shares(
         );
     }
     Ok(())
+}
+
+/// One task that holds a slot `HOLD_MS` for each tenant named, in bulk.
+async fn enqueue_holds(pool: &PgPool, tenants: impl Iterator<Item = String>) -> anyhow::Result<()> {
+    let tasks: Vec<NewTask> =
+        tenants.map(|t| NewTask::new("hold", json!({ "sleep_ms": HOLD_MS })).tenant(t)).collect();
+    for chunk in tasks.chunks(10_000) {
+        queue::enqueue_many(pool, chunk).await?;
+    }
+    Ok(())
+}
+
+/// A runner started on `store`, once its tasks hold every slot.
+async fn start_holding_every_slot(
+    store: &Store,
+    pool: &PgPool,
+    config: &WorkerConfig,
+) -> anyhow::Result<Running> {
+    let runner = Running::start(store, config.clone())?;
+    wait_until(Duration::from_secs(10), || async {
+        let held: i64 = fixtures::running_by_tenant(pool).await?.iter().map(|r| r.1).sum();
+        Ok(held >= config.concurrency as i64)
+    })
+    .await?;
+    Ok(runner)
 }
 
 async fn cost(url: &str, config: &WorkerConfig, args: &FairnessArgs) -> anyhow::Result<()> {
