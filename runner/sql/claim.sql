@@ -8,8 +8,8 @@
 -- The policy, slot by slot: the next slot goes to the tenant holding the fewest running tasks
 -- (across all runners) per unit of weight, ties broken by a lottery weighted by weight; within
 -- that tenant, to the task type holding the fewest; within the type, to the task of highest
--- priority, then earliest run_at, then lowest id. Tenant running caps, task type running limits and rate limits bound
--- each choice.
+-- priority, then earliest run_at, then lowest id. Tenant running caps, task type running limits
+-- and rate limits bound each choice.
 --
 -- A queue is one (tenant, task_type) with a row in `queues` (see wake_queues.sql): the claim
 -- reads only queues whose hint `next_run_at` has passed and that are not paused (the window's
