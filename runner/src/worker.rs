@@ -434,6 +434,9 @@ impl Worker {
         if claimed.len() == want && more {
             lane.wakeups.wake();
         }
+        if let Some(conn) = held.conn.as_mut() {
+            self.capabilities.prefetch(conn, &claimed).await;
+        }
         let mut seats = seats.split(claimed.len());
         for task in claimed {
             let Some(seat) = seats.pop() else { break };

@@ -167,3 +167,83 @@ async fn a_runner_that_cannot_give_the_secrets_does_not_run_the_task(
     assert_eq!(error_kinds(&gone), [FailureKind::SecretsUnavailable]);
     assert!(gone.errors[0]["message"].as_str().unwrap().contains("secret GONE"), "{gone:#?}");
 }
+
+/// Tenant `name` with secret API_KEY = `value` and a module "leaky" that prints that value in
+/// its result, so that the result comes back redacted only when the task was given exactly
+/// its own tenant's secret.
+async fn leaky_tenant(pool: &PgPool, key: &SecretsKey, name: &str, value: &str) {
+    let token = sha256_hex(name.as_bytes());
+    queue::create_tenant(pool, name, &token, &queue::TenantCaps::default()).await.unwrap();
+    let put = queue::put_secret(pool, name, "API_KEY", &key.seal(name, "API_KEY", value)).await;
+    assert!(matches!(put.unwrap(), PutSecret::Stored { .. }));
+    let bytes = writer(&format!(r#"{{"k": "{value}"}}"#), "", 0);
+    let settings = ModuleSettings { max_attempts: Some(1), ..ModuleSettings::default() };
+    let secrets = ["API_KEY".to_owned()];
+    queue::register_module_with_secrets(
+        pool,
+        name,
+        "leaky",
+        &sha256_hex(&bytes),
+        &bytes,
+        &settings,
+        &secrets,
+    )
+    .await
+    .unwrap();
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_batch_over_many_tenants_gives_each_task_its_own_tenants_capabilities(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let (key, _) = SecretsKey::generate();
+    let tenants: Vec<String> = (0..6).map(|i| format!("acme{i}")).collect();
+    for (i, tenant) in tenants.iter().enumerate() {
+        leaky_tenant(&pool, &key, tenant, &format!("sk-{i}-{SECRET}")).await;
+        let allow = vec![format!("api{i}.example.org")];
+        let egress = queue::TenantEgress { tenant: tenant.clone(), allow, ..Default::default() };
+        queue::set_egress(&pool, &egress).await.unwrap();
+    }
+
+    // What the runner reads for a batch: each key's own tenant's rows, a key that does not
+    // exist left out.
+    let mut keys: Vec<(String, String, i32)> =
+        tenants.iter().map(|t| (t.clone(), "leaky".to_owned(), 1)).collect();
+    keys.push(("acme0".to_owned(), "leaky".to_owned(), 2));
+    let mut found = queue::task_capabilities_many(&pool, &keys).await.unwrap();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    let read: Vec<(&str, Vec<String>, Vec<String>)> = found
+        .iter()
+        .map(|((tenant, _, _), rows)| {
+            let names = rows.sealed.iter().map(|(n, _)| n.clone()).collect();
+            (tenant.as_str(), rows.allow.clone(), names)
+        })
+        .collect();
+    let expected: Vec<(&str, Vec<String>, Vec<String>)> = tenants
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), vec![format!("api{i}.example.org")], vec!["API_KEY".into()]))
+        .collect();
+    assert_eq!(read, expected);
+
+    // Enqueued before the runner starts, so that its first claims take tasks of several
+    // tenants together and read their capabilities in one query: each task still runs with
+    // its own tenant's secret (its result names it, redacted), never another's.
+    let mut ids = Vec::new();
+    for tenant in &tenants {
+        for n in 0..2 {
+            let task = NewTask::new("leaky", json!({ "n": n })).tenant(tenant.clone());
+            ids.push(queue::enqueue(&pool, task).await.unwrap().id);
+        }
+    }
+    let runner = start_worker(&db, with_key(Some(key)));
+    for id in ids {
+        let task = wait_settled(&pool, id).await;
+        assert_eq!(task.state, TaskState::Succeeded, "{task:#?}");
+        assert_eq!(task.result, Some(json!({"k": "[redacted:API_KEY]"})), "{task:#?}");
+    }
+    runner.stop().await;
+}

@@ -243,7 +243,8 @@ pub use schedules::{
 };
 pub use secrets::{
     delete_secret, list_secrets, missing_secrets, put_secret, task_capabilities,
-    validate_secret_name, InvalidSecretName, PutSecret, SecretInfo, TaskCapabilityRows,
+    task_capabilities_many, validate_secret_name, InvalidSecretName, PutSecret, SecretInfo,
+    TaskCapabilityRows,
 };
 pub use sessions::{close_ui_session, find_ui_session, open_ui_session, UiSession};
 pub use stats::{fold_kept_counts, queue_stats, TypeStats};

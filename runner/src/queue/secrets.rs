@@ -147,6 +147,9 @@ pub struct TaskCapabilityRows {
 
 #[derive(sqlx::FromRow)]
 struct CapabilityRow {
+    tenant: String,
+    task_type: String,
+    version: i32,
     allow: Vec<String>,
     max_requests: Option<i32>,
     max_response_bytes: Option<i64>,
@@ -166,30 +169,48 @@ pub async fn task_capabilities<'c, E: PgExecutor<'c>>(
     task_type: &str,
     version: i32,
 ) -> Result<Option<TaskCapabilityRows>, QueueError> {
-    let row: Option<CapabilityRow> = sqlx::query_as(TASK_CAPABILITIES)
-        .bind(tenant)
-        .bind(task_type)
-        .bind(version)
-        .fetch_optional(executor)
+    let key = (tenant.to_owned(), task_type.to_owned(), version);
+    let mut found = task_capabilities_many(executor, std::slice::from_ref(&key)).await?;
+    Ok(found.pop().map(|(_, rows)| rows))
+}
+
+/// [`task_capabilities`] of several `(tenant, task_type, version)` at once, in one round trip:
+/// each key that exists, with its rows, in no particular order.
+pub async fn task_capabilities_many<'c, E: PgExecutor<'c>>(
+    executor: E,
+    keys: &[(String, String, i32)],
+) -> Result<Vec<((String, String, i32), TaskCapabilityRows)>, QueueError> {
+    let tenants: Vec<&str> = keys.iter().map(|k| k.0.as_str()).collect();
+    let task_types: Vec<&str> = keys.iter().map(|k| k.1.as_str()).collect();
+    let versions: Vec<i32> = keys.iter().map(|k| k.2).collect();
+    let rows: Vec<CapabilityRow> = sqlx::query_as(TASK_CAPABILITIES)
+        .bind(&tenants)
+        .bind(&task_types)
+        .bind(&versions)
+        .fetch_all(executor)
         .await?;
-    Ok(row.map(|r| {
-        let sealed = r
-            .names
-            .into_iter()
-            .zip(r.nonces)
-            .zip(r.sealed)
-            .zip(r.key_ids)
-            .map(|(((name, nonce), sealed), key_id)| (name, Sealed { nonce, sealed, key_id }))
-            .collect();
-        TaskCapabilityRows {
-            allow: r.allow,
-            max_requests: r.max_requests,
-            max_response_bytes: r.max_response_bytes,
-            request_timeout_ms: r.request_timeout_ms,
-            wanted: r.wanted,
-            sealed,
-        }
-    }))
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let sealed = r
+                .names
+                .into_iter()
+                .zip(r.nonces)
+                .zip(r.sealed)
+                .zip(r.key_ids)
+                .map(|(((name, nonce), sealed), key_id)| (name, Sealed { nonce, sealed, key_id }))
+                .collect();
+            let rows = TaskCapabilityRows {
+                allow: r.allow,
+                max_requests: r.max_requests,
+                max_response_bytes: r.max_response_bytes,
+                request_timeout_ms: r.request_timeout_ms,
+                wanted: r.wanted,
+                sealed,
+            };
+            ((r.tenant, r.task_type, r.version), rows)
+        })
+        .collect())
 }
 
 // The count and the insert are one statement: two concurrent puts of new names may both see
@@ -225,13 +246,16 @@ const MISSING: &str = r#"
     "#;
 
 const TASK_CAPABILITIES: &str = r#"
-    select coalesce(e.allow, '{}'::text[]) as allow, e.max_requests, e.max_response_bytes,
+    select m.tenant, m.task_type, m.version,
+           coalesce(e.allow, '{}'::text[]) as allow, e.max_requests, e.max_response_bytes,
            e.request_timeout_ms, m.secrets as wanted,
            coalesce(s.names, '{}'::text[]) as names,
            coalesce(s.nonces, '{}'::bytea[]) as nonces,
            coalesce(s.sealed, '{}'::bytea[]) as sealed,
            coalesce(s.key_ids, '{}'::text[]) as key_ids
-    from sweep.modules m
+    from unnest($1::text[], $2::text[], $3::int4[]) as k(tenant, task_type, version)
+    join sweep.modules m
+      on m.tenant = k.tenant and m.task_type = k.task_type and m.version = k.version
     left join sweep.tenant_egress e on e.tenant = m.tenant
     left join lateral (
         select array_agg(x.name order by x.name) as names,
@@ -241,7 +265,6 @@ const TASK_CAPABILITIES: &str = r#"
         from sweep.secrets x
         where x.tenant = m.tenant and x.name = any(m.secrets)
     ) s on true
-    where m.tenant = $1 and m.task_type = $2 and m.version = $3
     "#;
 
 #[cfg(test)]
