@@ -339,13 +339,14 @@ $$;
 -- two runners' spare slots never go to the same queue on the same state. p_ring: where on the
 -- ring of queues this claim starts looking (random, drawn by the runner).
 --
--- Cost: the statement reads the running tasks once (bounded by the runners' slots) and a
--- window of at most p_limit + 16 due queues (never the backlog), shares the slots among all
--- of it or, when it is crowded, among its first p_limit / 4 + 16, then probes each chosen
--- queue's index once. Sets of rows are brought together by grouping or window functions over
--- their union, never by joins of CTEs (the statement is planned once per connection, and such
--- joins come out as nested loops in a generic plan) nor by lookups in objects built per claim;
--- so nothing but the window's sorts grows with the tenants holding slots.
+-- Cost: the statement reads a window of at most p_limit + 16 due queues (never the backlog)
+-- and the running tasks of the tenants it shares among (one index range per queue), shares
+-- the slots among all of the window or, when it is crowded, among its first p_limit / 4 + 16,
+-- then probes each chosen queue's index once and looks its module up once. Sets of rows are
+-- brought together by grouping or window functions over their union or by lookups per row
+-- through an index, never by joins of CTEs (the statement is planned once per connection, and
+-- such joins come out as nested loops in a generic plan) nor by lookups in objects built per
+-- claim; so nothing but the window's sorts grows with the tenants holding slots.
 create or replace function sweep.sweep_claim(p_runner uuid, p_limit bigint, p_task_types text[],
                                              p_lease_ms bigint, p_starved boolean,
                                              p_ring integer)
@@ -383,43 +384,27 @@ begin
         where s.rn <= case when (select count(*) from sample) >= p_limit then p_limit / 4 + 16
                            else p_limit + 16 end
     ),
-    -- Each queue of the window with the slots it holds and its tenant holds, across all
-    -- runners. One grouping of the window's rows and the running tasks together, then a
-    -- window function per tenant: no join (a generic plan makes joins of CTEs nested loops,
-    -- window x running rows) and no lookup structure built per claim (JSON objects of the
-    -- counts cost more than the rest of the choosing together, and grew with the tenants
-    -- holding slots).
+    -- Each queue of the head with the slots it holds and its tenant holds, across all runners,
+    -- counted in `tasks_running` (running tasks by queue): one index range per queue, over
+    -- its tenant's running tasks only. Grouping every running task with the window instead
+    -- (no index for it then) read them all, per claim: the largest part of choosing at 1,000
+    -- due tenants with 1,000 running. A tenant with several queues in the head has its running
+    -- tasks read once per queue (one queue, one read, in the common case).
     --
-    -- The running tasks (bounded by the runners' slots and buffers) go into the grouping one
-    -- row each: counted per queue first, in a grouping of their own, they were sorted for it
-    -- (the generic plan's choice), 4-6% of the claim's CPU with 2,800 running. Not filtered
-    -- by the window's tenants: that is a join, and a generic plan made when few tasks were
-    -- running makes it a nested loop over the window per running task.
-    --
-    -- `tenant_queues`: how many queues of the window the tenant has. Sorts by tenant name
+    -- `tenant_queues`: how many queues of the head the tenant has. Sorts by tenant name
     -- compare bytes (collate "C"): any consistent order groups a tenant's rows, and it spares
     -- each comparison the database collation.
     counted as materialized (
-        select g.* from (
-            select u.tenant, u.task_type, max(u.weight) as weight,
-                   max(u.max_running) as max_running, max(u.rate_per_sec) as rate_per_sec,
-                   bool_or(u.in_window) as in_window, sum(u.n)::int8 as running,
-                   (sum(sum(u.n)) over w)::int8 as tenant_running,
-                   (sum(case when bool_or(u.in_window) then 1 else 0 end) over w)::int4
-                       as tenant_queues
-            from (
-                select s.tenant, s.task_type, s.weight, s.max_running, s.rate_per_sec,
-                       true as in_window, 0::int4 as n
-                from head s
-                union all
-                select r.tenant, r.task_type, null, null, null, false, 1::int4
-                from tasks r
-                where r.state = 'running'
-            ) u
-            group by u.tenant, u.task_type
-            window w as (partition by u.tenant collate "C")
-        ) g
-        where g.in_window
+        select s.tenant, s.task_type, s.weight, s.max_running, s.rate_per_sec, r.running,
+               r.tenant_running,
+               (count(*) over (partition by s.tenant collate "C"))::int4 as tenant_queues
+        from head s
+        cross join lateral (
+            select (count(*) filter (where t.task_type = s.task_type))::int8 as running,
+                   count(*)::int8 as tenant_running
+            from tasks t
+            where t.state = 'running' and t.tenant = s.tenant
+        ) r
     ),
     -- The buckets of the window's rate-limited queues, locked (see flow_tokens.sql). Never run
     -- when no queue of the window has a rate limit (nothing refers to it then).
@@ -653,9 +638,10 @@ begin
     -- every claim that emptied a queue).
     rehinted as (
         update queues q
-        set next_run_at = sweep_queue_next_run_at(q.tenant, q.task_type, i.ids)
+        set next_run_at = n.next_run_at
         from (
-            select r.ctid
+            select array_agg(r.ctid) as ctids, array_agg(p.tenant) as tenants,
+                   array_agg(p.task_type) as task_types
             from (select p.tenant, p.task_type from picked p
                   where not p.more and not p.rated
                   union
@@ -668,7 +654,9 @@ begin
             ) r
         ) l
         cross join taken i
-        where q.ctid = l.ctid
+        -- All of them in one look, taken after every lock above (see wake_queues.sql).
+        cross join lateral sweep_queues_next_run_at(l.ctids, l.tenants, l.task_types, i.ids) n
+        where l.ctids is not null and q.ctid = n.queue
     ),
     -- A rate-limited queue this claim emptied: its hint is corrected as above, under FOR
     -- UPDATE (refused while an enqueue is in flight); the claim already holds the row FOR NO
@@ -702,6 +690,29 @@ begin
         where p.rated and b.available is not null
           and q.tenant = p.tenant and q.task_type = p.task_type
     ),
+    -- Each task this claim takes with its queue's active module, looked up once per queue
+    -- (two index probes a row cost a tenth of a crowded claim), resolved in the same statement:
+    -- a newly activated version applies to every task claimed after the activation committed.
+    taken_rows as (
+        select u.ctid, m.*
+        from (select p.tenant, p.task_type, p.ctids from picked p
+              where p.ctids is not null
+              union all
+              select f.tenant, f.task_type, array_agg(f.ctid) from filled f
+              group by f.tenant, f.task_type) q
+        left join lateral (
+            select mo.version, mo.sha256, mo.fuel, mo.timeout_ms, mo.memory_bytes,
+                   mo.max_attempts, mo.backoff_base_ms, mo.backoff_cap_ms, mo.max_running
+            from active_modules ac
+            join modules mo
+              on mo.tenant = ac.tenant and mo.task_type = ac.task_type
+             and mo.version = ac.version
+            where ac.tenant = q.tenant and ac.task_type = q.task_type
+            -- (one row at most: the limit keeps it a lookup per queue, not a join of all)
+            limit 1
+        ) m on true
+        cross join unnest(q.ctids) as u(ctid)
+    ),
     -- By ctid: the very row versions locked above (a TID scan, no second index lookup).
     claimed as (
         update tasks t
@@ -717,20 +728,15 @@ begin
                 end,
                 now()),
             updated_at = now()
-        where t.ctid = any(array(select unnest(ctids) from picked_ids union all select ctid from filled))
+        from taken_rows r
+        where t.ctid = r.ctid
         returning t.id, t.tenant, t.task_type, t.payload, t.attempts, t.max_attempts,
-                  t.run_at, t.created_at
+                  t.run_at, t.created_at, r.version, r.sha256, r.fuel, r.timeout_ms,
+                  r.memory_bytes, r.max_attempts as module_max_attempts, r.backoff_base_ms,
+                  r.backoff_cap_ms, r.max_running
     )
-    -- The active module of each task's type, resolved in the same statement: a newly
-    -- activated version applies to every task claimed after the activation committed.
-    select c.id, c.tenant, c.task_type, c.payload, c.attempts as attempt, c.max_attempts,
-           c.run_at, c.created_at, m.version, m.sha256, m.fuel, m.timeout_ms,
-           m.memory_bytes, m.max_attempts as module_max_attempts, m.backoff_base_ms,
-           m.backoff_cap_ms, m.max_running
+    select c.*
     from claimed c
-    left join active_modules a on a.tenant = c.tenant and a.task_type = c.task_type
-    left join modules m
-           on m.tenant = a.tenant and m.task_type = a.task_type and m.version = a.version
     cross join (select set_config('synchronous_commit', 'off', true)) as async_commit;
 end
 $$;

@@ -56,6 +56,49 @@ begin
 end
 $$;
 
+-- sweep_queue_next_run_at of several queues in one query, for a caller that holds all their
+-- rows FOR UPDATE: `p_queues` (the rows' ctids, returned with each answer), `p_tenants` and
+-- `p_task_types` side by side. One fresh snapshot for all of them (VOLATILE), taken after the
+-- caller's locks. Per queue, two index probes in the common case of one priority waiting (the
+-- earliest task of the highest priority, and whether a lower one waits); a queue with several
+-- priorities waiting goes through sweep_queue_next_run_at. A claim that empties many queues
+-- (10,000 tenants with a task or two each: 125 a claim) paid a function call with three
+-- queries of its own per queue, four times this.
+create or replace function sweep.sweep_queues_next_run_at(p_queues tid[], p_tenants text[],
+                                                          p_task_types text[],
+                                                          p_exclude bigint[])
+returns table (queue tid, next_run_at timestamptz)
+language plpgsql volatile
+set search_path = sweep
+set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
+set enable_bitmapscan = off
+set jit = off
+as $$
+begin
+    return query
+    select k.queue,
+           case when lower_p.priority is null then top.run_at
+                else sweep_queue_next_run_at(k.tenant, k.task_type, p_exclude) end
+    from unnest(p_queues, p_tenants, p_task_types) as k(queue, tenant, task_type)
+    left join lateral (
+        select t.priority, t.run_at from tasks t
+        where t.tenant = k.tenant and t.task_type = k.task_type
+          and t.state in ('pending', 'retrying') and t.id <> all(p_exclude)
+        order by t.priority desc, t.run_at
+        limit 1
+    ) top on true
+    left join lateral (
+        select t.priority from tasks t
+        where t.tenant = k.tenant and t.task_type = k.task_type
+          and t.state in ('pending', 'retrying') and t.priority < top.priority
+          and t.id <> all(p_exclude)
+        order by t.priority desc
+        limit 1
+    ) lower_p on true;
+end
+$$;
+
 -- Makes sure each queue has a row and its hint is no later than the given time, holding each
 -- row FOR KEY SHARE until the caller commits. One call per statement that makes tasks wait,
 -- with one entry per distinct queue. Called by sweep_wake_queues for queues without a row.

@@ -327,6 +327,49 @@ async fn a_drained_queue_is_found_again(_: PgPoolOptions, db: PgConnectOptions) 
     assert!((hint - later).num_milliseconds().abs() < 5, "{hint} vs {later}");
 }
 
+/// The general claim corrects the hints of every queue it empties in one look: a queue left
+/// with later tasks at several priorities gets the earliest of them (not its highest
+/// priority's), one with later tasks at one priority that task's time, one with nothing left
+/// no hint.
+#[sqlx::test(migrations = false)]
+async fn a_claim_that_empties_several_queues_moves_each_hint_to_its_next_task(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    let now = chrono::Utc::now();
+    let (in_1h, in_2h, in_30m) = (
+        now + chrono::Duration::hours(1),
+        now + chrono::Duration::hours(2),
+        now + chrono::Duration::minutes(30),
+    );
+    let tasks = [
+        task("mixed", 1),
+        task("mixed", 2).priority(5).run_at(in_2h),
+        task("mixed", 3).run_at(in_1h),
+        task("single", 4),
+        task("single", 5).run_at(in_30m),
+        task("single", 6).run_at(in_2h),
+        task("gone", 7),
+    ];
+    queue::enqueue_many(&pool, &tasks).await.unwrap();
+    // Three due queues: the general claim's statement, not the one-queue one.
+    let claimed = claim(&pool, new_runner(), 10).await;
+    let mut got: Vec<i64> =
+        claimed.iter().map(|c| c.payload_value().unwrap()["n"].as_i64().unwrap()).collect();
+    got.sort_unstable();
+    assert_eq!(got, [1, 4, 7]);
+    let near = |hint: Option<chrono::DateTime<chrono::Utc>>, at: chrono::DateTime<chrono::Utc>| {
+        hint.is_some_and(|h| (h - at).num_milliseconds().abs() < 5)
+    };
+    let mixed = hint_of(&pool, "mixed").await;
+    assert!(near(mixed, in_1h), "the earliest waiting task, of the lower priority: {mixed:?}");
+    let single = hint_of(&pool, "single").await;
+    assert!(near(single, in_30m), "{single:?}");
+    assert_eq!(hint_of(&pool, "gone").await, None);
+}
+
 /// An enqueue that lowers a hint holds the queue row until it commits, so a claim that cannot
 /// see its task yet cannot clear the hint past it. The enqueue lowers the hint at once here
 /// (its task is earlier than the hint), which holds the row by the update's own lock.
