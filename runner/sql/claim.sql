@@ -585,9 +585,8 @@ begin
         ) m
     ),
     picked_ids as materialized (
-        select coalesce(array_agg(id), '{}') as ids,
-               coalesce(array_agg(ctid), '{}') as ctids
-        from picked, unnest(ids, ctids) as u(id, ctid)
+        select coalesce(array_agg(id), '{}') as ids
+        from picked, unnest(ids) as u(id)
     ),
     -- Work-conserving: slots a queue could not fill (fewer due tasks than its share, or rows
     -- locked by another claimer) go to other uncapped queues: up to 4 of those shared among,

@@ -45,11 +45,21 @@ fn writer(out: &str, err: &str, code: i32) -> Vec<u8> {
 }
 
 async fn register(pool: &PgPool, task_type: &str, bytes: &[u8], secrets: &[&str]) {
+    register_for(pool, "default", task_type, bytes, secrets).await;
+}
+
+async fn register_for(
+    pool: &PgPool,
+    tenant: &str,
+    task_type: &str,
+    bytes: &[u8],
+    secrets: &[&str],
+) {
     let secrets: Vec<String> = secrets.iter().map(|s| s.to_string()).collect();
     let settings = ModuleSettings { max_attempts: Some(1), ..ModuleSettings::default() };
     queue::register_module_with_secrets(
         pool,
-        "default",
+        tenant,
         task_type,
         &sha256_hex(bytes),
         bytes,
@@ -61,8 +71,12 @@ async fn register(pool: &PgPool, task_type: &str, bytes: &[u8], secrets: &[&str]
 }
 
 async fn set_secret(pool: &PgPool, key: &SecretsKey, name: &str, value: &str) {
-    let sealed = key.seal("default", name, value);
-    let put = queue::put_secret(pool, "default", name, &sealed).await.unwrap();
+    set_secret_for(pool, key, "default", name, value).await;
+}
+
+async fn set_secret_for(pool: &PgPool, key: &SecretsKey, tenant: &str, name: &str, value: &str) {
+    let sealed = key.seal(tenant, name, value);
+    let put = queue::put_secret(pool, tenant, name, &sealed).await.unwrap();
     assert!(matches!(put, PutSecret::Stored { .. }));
 }
 
@@ -174,22 +188,15 @@ async fn a_runner_that_cannot_give_the_secrets_does_not_run_the_task(
 async fn leaky_tenant(pool: &PgPool, key: &SecretsKey, name: &str, value: &str) {
     let token = sha256_hex(name.as_bytes());
     queue::create_tenant(pool, name, &token, &queue::TenantCaps::default()).await.unwrap();
-    let put = queue::put_secret(pool, name, "API_KEY", &key.seal(name, "API_KEY", value)).await;
-    assert!(matches!(put.unwrap(), PutSecret::Stored { .. }));
-    let bytes = writer(&format!(r#"{{"k": "{value}"}}"#), "", 0);
-    let settings = ModuleSettings { max_attempts: Some(1), ..ModuleSettings::default() };
-    let secrets = ["API_KEY".to_owned()];
-    queue::register_module_with_secrets(
+    set_secret_for(pool, key, name, "API_KEY", value).await;
+    register_for(
         pool,
         name,
         "leaky",
-        &sha256_hex(&bytes),
-        &bytes,
-        &settings,
-        &secrets,
+        &writer(&format!(r#"{{"k": "{value}"}}"#), "", 0),
+        &["API_KEY"],
     )
-    .await
-    .unwrap();
+    .await;
 }
 
 #[sqlx::test(migrations = false)]

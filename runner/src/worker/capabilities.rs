@@ -100,16 +100,21 @@ impl CapabilityCache {
         conn: E,
         tasks: &[ClaimedTask],
     ) {
-        let mut missing: Vec<Key> = tasks
+        // Distinct keys first, borrowed: a batch of one queue (the common case) is one key,
+        // and a key is owned only to ask the cache for it.
+        let mut keys: Vec<(&str, &str, i32)> = tasks
             .iter()
             .filter_map(|t| {
-                let version = t.module.as_ref()?.version;
-                Some((t.tenant.clone(), t.task_type.clone(), version))
+                Some((t.tenant.as_str(), t.task_type.as_str(), t.module.as_ref()?.version))
             })
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let missing: Vec<Key> = keys
+            .into_iter()
+            .map(|(tenant, task_type, version)| (tenant.to_owned(), task_type.to_owned(), version))
             .filter(|key| !self.cache.contains_key(key))
             .collect();
-        missing.sort_unstable();
-        missing.dedup();
         if missing.len() < 2 {
             return;
         }
