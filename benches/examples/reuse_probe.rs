@@ -1,0 +1,241 @@
+//! What a big guest (componentize-py, componentize-js) costs per task when each task gets a
+//! fresh instance from the copy-on-write image, as the sandbox does, against one instance
+//! that runs `wasi:cli/run` for task after task (issue 30's open question: a warm instance
+//! per module and tenant, as Cloudflare Workers and AWS Lambda keep one).
+//!
+//! A probe, not part of the sandbox: it builds the engine as the sandbox's pooling engine
+//! does (copy-on-write images, the page-map reset, 2 MiB kept resident), gives the guest
+//! stdin that is filled again before every task, and times a fresh instance's three parts
+//! (instantiate, run, drop) and a reused instance's run. The guest's minor page faults per
+//! task come from `/proc/self/stat`.
+//!
+//! ```text
+//! cargo run --profile bench -p sweep-benches --example reuse_probe -- GUEST.wasm [TASKS]
+//! ```
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
+use wasmtime_wasi::cli::{IsTerminal, StdinStream};
+use wasmtime_wasi::p2::bindings::CommandPre;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::p2::{InputStream, Pollable, StreamError};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+const PAYLOAD: &[u8] = br#"{"name": "Ada"}"#;
+
+/// Stdin whose streams all read one buffer, which the probe fills again before each task;
+/// empty is the stream's end, and a later fill opens it again.
+#[derive(Debug, Clone, Default)]
+struct Refillable(Arc<Mutex<Bytes>>);
+
+impl Refillable {
+    fn fill(&self, bytes: &'static [u8]) {
+        *self.0.lock().expect("stdin lock") = Bytes::from_static(bytes);
+    }
+}
+
+impl IsTerminal for Refillable {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdinStream for Refillable {
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncRead + Send + Sync> {
+        Box::new(tokio::io::empty())
+    }
+    fn p2_stream(&self) -> Box<dyn InputStream> {
+        Box::new(self.clone())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl InputStream for Refillable {
+    fn read(&mut self, size: usize) -> Result<Bytes, StreamError> {
+        let mut buffer = self.0.lock().expect("stdin lock");
+        if buffer.is_empty() {
+            return Err(StreamError::Closed);
+        }
+        let size = size.min(buffer.len());
+        Ok(buffer.split_to(size))
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for Refillable {
+    async fn ready(&mut self) {}
+}
+
+/// The guests link `wasi:http`; the probe's tasks send nothing.
+#[derive(Debug)]
+struct NoRequests;
+
+type Sent = Result<
+    (http::Response<WasiBody>, Box<dyn Future<Output = Result<(), HttpError>> + Send>),
+    HttpError,
+>;
+
+impl WasiHttpHooks for NoRequests {
+    fn send_request(
+        &mut self,
+        _: http::Request<WasiBody>,
+        _: Option<RequestOptions>,
+        _: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+    ) -> Box<dyn Future<Output = Sent> + Send> {
+        Box::new(async { Err(HttpError::HttpRequestDenied) })
+    }
+}
+
+struct State {
+    ctx: WasiCtx,
+    table: ResourceTable,
+    http: WasiHttpCtx,
+    hooks: NoRequests,
+}
+
+impl WasiView for State {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.ctx, table: &mut self.table }
+    }
+}
+
+impl WasiHttpView for State {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.hooks }
+    }
+}
+
+fn new_store(engine: &Engine, stdin: &Refillable, stdout: &MemoryOutputPipe) -> Store<State> {
+    let mut builder = WasiCtxBuilder::new();
+    builder
+        .stdin(stdin.clone())
+        .stdout(stdout.clone())
+        .env("SWEEP_TASK_ID", "1")
+        .env("SWEEP_ATTEMPT", "1");
+    let state = State {
+        ctx: builder.build(),
+        table: ResourceTable::new(),
+        http: WasiHttpCtx::new(),
+        hooks: NoRequests,
+    };
+    let mut store = Store::new(engine, state);
+    store.set_fuel(u64::MAX).expect("fuel is on");
+    store.set_epoch_deadline(u64::MAX);
+    store
+}
+
+/// Minor page faults of this process so far (field 10 of `/proc/self/stat`).
+fn minor_faults() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // The command name (field 2) may hold spaces; count from the ')' that closes it.
+    let after = &stat[stat.rfind(')').expect("stat format") + 2..];
+    after.split(' ').nth(7).and_then(|f| f.parse().ok()).expect("minflt")
+}
+
+fn engine() -> wasmtime::Result<Engine> {
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(2)
+        .total_core_instances(64)
+        .total_memories(2)
+        .total_tables(64)
+        .max_core_instances_per_component(32)
+        .max_tables_per_component(32)
+        .max_memory_size(256 << 20)
+        .table_elements(100_000)
+        .pagemap_scan(wasmtime::Enabled::Yes)
+        .linear_memory_keep_resident(2 << 20)
+        .table_keep_resident(64 << 10);
+    let mut config = Config::new();
+    config
+        .consume_fuel(true)
+        .epoch_interruption(true)
+        .memory_init_cow(true)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    Engine::new(&config)
+}
+
+fn per_task(total: Duration, tasks: usize) -> String {
+    format!("{:.1} us", total.as_secs_f64() * 1e6 / tasks as f64)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> wasmtime::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let path = args.next().expect("usage: reuse_probe GUEST.wasm [TASKS]");
+    let tasks: usize = args.next().map_or(Ok(300), |n| n.parse())?;
+    let engine = engine()?;
+    let compiled = Instant::now();
+    let component = Component::from_file(&engine, &path)?;
+    println!("{path}: compiled in {:.1} s", compiled.elapsed().as_secs_f64());
+    let mut linker = Linker::<State>::new(&engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+    let pre = CommandPre::new(linker.instantiate_pre(&component)?)?;
+    let stdin = Refillable::default();
+    let stdout = MemoryOutputPipe::new(usize::MAX);
+
+    for round in 1..=2 {
+        let (mut instantiate, mut run, mut drop) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let faults = minor_faults();
+        for _ in 0..tasks {
+            stdin.fill(PAYLOAD);
+            let mut store = new_store(&engine, &stdin, &stdout);
+            let t = Instant::now();
+            let command = pre.instantiate_async(&mut store).await?;
+            instantiate += t.elapsed();
+            let t = Instant::now();
+            let ran = command.wasi_cli_run().call_run(&mut store).await?;
+            run += t.elapsed();
+            ran.map_err(|()| wasmtime::format_err!("run returned err"))?;
+            let t = Instant::now();
+            std::mem::drop(store);
+            drop += t.elapsed();
+        }
+        println!(
+            "fresh, round {round}: instantiate {}, run {}, drop {} per task; {:.0} minor faults \
+             per task",
+            per_task(instantiate, tasks),
+            per_task(run, tasks),
+            per_task(drop, tasks),
+            (minor_faults() - faults) as f64 / tasks as f64
+        );
+    }
+    let fresh_output = stdout.contents().len();
+
+    let mut store = new_store(&engine, &stdin, &stdout);
+    let command = pre.instantiate_async(&mut store).await?;
+    for round in 1..=2 {
+        let faults = minor_faults();
+        let t = Instant::now();
+        for task in 0..tasks {
+            stdin.fill(PAYLOAD);
+            // A command (wasi-libc's entry, as Rust's wasm32-wasip2 std builds) runs once: its
+            // second `run` traps.
+            match command.wasi_cli_run().call_run(&mut store).await {
+                Ok(ran) => ran.map_err(|()| wasmtime::format_err!("run returned err"))?,
+                Err(e) => {
+                    println!("reused: run {} of one instance trapped: {e:#}", task + 1);
+                    return Ok(());
+                }
+            }
+        }
+        println!(
+            "reused, round {round}: run {} per task; {:.0} minor faults per task",
+            per_task(t.elapsed(), tasks),
+            (minor_faults() - faults) as f64 / tasks as f64
+        );
+    }
+    // Both ways gave every task the same answer: the same bytes, twice over.
+    let all = stdout.contents();
+    let reused_output = all.len() - fresh_output;
+    let first = String::from_utf8_lossy(&all[..fresh_output / (2 * tasks)]).into_owned();
+    println!("output: fresh {fresh_output} bytes, reused {reused_output}; each: {first:?}");
+    Ok(())
+}
