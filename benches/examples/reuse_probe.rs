@@ -5,9 +5,11 @@
 //!
 //! A probe, not part of the sandbox: it builds the engine as the sandbox's pooling engine
 //! does (copy-on-write images, the page-map reset, 2 MiB kept resident), gives the guest
-//! stdin that is filled again before every task, and times a fresh instance's three parts
-//! (instantiate, run, drop) and a reused instance's run. The guest's minor page faults per
-//! task come from `/proc/self/stat`.
+//! stdin that is filled again before every task and a `wasi:cli/environment` that answers
+//! with each task's own variables (a host function shadowing WASI's, whose list is fixed when
+//! its context is built), and times a fresh instance's three parts (instantiate, run, drop)
+//! and a reused instance's run. It checks that each reused task answered with its own
+//! environment. The guest's minor page faults per task come from `/proc/self/stat`.
 //!
 //! ```text
 //! cargo run --profile bench -p sweep-benches --example reuse_probe -- GUEST.wasm [TASKS]
@@ -94,6 +96,9 @@ impl WasiHttpHooks for NoRequests {
 }
 
 struct State {
+    /// What `wasi:cli/environment` answers: set before each task (the `WasiCtx`'s own list is
+    /// fixed when it is built).
+    env: Vec<(String, String)>,
     ctx: WasiCtx,
     table: ResourceTable,
     http: WasiHttpCtx,
@@ -114,12 +119,9 @@ impl WasiHttpView for State {
 
 fn new_store(engine: &Engine, stdin: &Refillable, stdout: &MemoryOutputPipe) -> Store<State> {
     let mut builder = WasiCtxBuilder::new();
-    builder
-        .stdin(stdin.clone())
-        .stdout(stdout.clone())
-        .env("SWEEP_TASK_ID", "1")
-        .env("SWEEP_ATTEMPT", "1");
+    builder.stdin(stdin.clone()).stdout(stdout.clone());
     let state = State {
+        env: task_env(1),
         ctx: builder.build(),
         table: ResourceTable::new(),
         http: WasiHttpCtx::new(),
@@ -129,6 +131,15 @@ fn new_store(engine: &Engine, stdin: &Refillable, stdout: &MemoryOutputPipe) -> 
     store.set_fuel(u64::MAX).expect("fuel is on");
     store.set_epoch_deadline(u64::MAX);
     store
+}
+
+/// The environment of task `n`: its id and an attempt number that differs from task to task,
+/// so each answer shows whose environment the guest read.
+fn task_env(n: usize) -> Vec<(String, String)> {
+    vec![
+        ("SWEEP_TASK_ID".to_owned(), n.to_string()),
+        ("SWEEP_ATTEMPT".to_owned(), (n % 7 + 1).to_string()),
+    ]
 }
 
 /// Minor page faults of this process so far (field 10 of `/proc/self/stat`).
@@ -165,6 +176,12 @@ fn per_task(total: Duration, tasks: usize) -> String {
     format!("{:.1} us", total.as_secs_f64() * 1e6 / tasks as f64)
 }
 
+/// The attempt number in an answer (`"attempt": 3` or `"attempt":3`).
+fn attempt_of(line: &str) -> Option<&str> {
+    let rest = line.split("\"attempt\":").nth(1)?.trim_start();
+    Some(rest.trim_end_matches(['}', ' ']))
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> wasmtime::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -177,6 +194,13 @@ async fn main() -> wasmtime::Result<()> {
     let mut linker = Linker::<State>::new(&engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+    // The task's environment, in place of the one `WasiCtx` was built with.
+    linker.allow_shadowing(true);
+    linker
+        .instance("wasi:cli/environment@0.2.12")?
+        .func_wrap("get-environment", |store: wasmtime::StoreContextMut<'_, State>, (): ()| {
+            Ok((store.data().env.clone(),))
+        })?;
     let pre = CommandPre::new(linker.instantiate_pre(&component)?)?;
     let stdin = Refillable::default();
     let stdout = MemoryOutputPipe::new(usize::MAX);
@@ -216,6 +240,7 @@ async fn main() -> wasmtime::Result<()> {
         let t = Instant::now();
         for task in 0..tasks {
             stdin.fill(PAYLOAD);
+            store.data_mut().env = task_env(task);
             // A command (wasi-libc's entry, as Rust's wasm32-wasip2 std builds) runs once: its
             // second `run` traps.
             match command.wasi_cli_run().call_run(&mut store).await {
@@ -232,10 +257,17 @@ async fn main() -> wasmtime::Result<()> {
             (minor_faults() - faults) as f64 / tasks as f64
         );
     }
-    // Both ways gave every task the same answer: the same bytes, twice over.
+    // Each reused task answered with its own environment's attempt.
     let all = stdout.contents();
-    let reused_output = all.len() - fresh_output;
-    let first = String::from_utf8_lossy(&all[..fresh_output / (2 * tasks)]).into_owned();
-    println!("output: fresh {fresh_output} bytes, reused {reused_output}; each: {first:?}");
+    let reused = String::from_utf8_lossy(&all[fresh_output..]).into_owned();
+    let attempts: Vec<&str> = reused.lines().filter_map(|line| attempt_of(line)).collect();
+    let expected: Vec<String> = (0..2 * tasks).map(|n| (n % tasks % 7 + 1).to_string()).collect();
+    let own =
+        attempts.len() == expected.len() && attempts.iter().zip(&expected).all(|(a, e)| a == e);
+    println!(
+        "output: fresh {fresh_output} bytes, reused {} bytes; each reused task saw its own \
+         environment: {own}",
+        all.len() - fresh_output
+    );
     Ok(())
 }
