@@ -3,13 +3,13 @@
 //! that runs `wasi:cli/run` for task after task (issue 30's open question: a warm instance
 //! per module and tenant, as Cloudflare Workers and AWS Lambda keep one).
 //!
-//! A probe, not part of the sandbox: it builds the engine as the sandbox's pooling engine
-//! does (copy-on-write images, the page-map reset, 2 MiB kept resident), gives the guest
-//! stdin that is filled again before every task and a `wasi:cli/environment` that answers
-//! with each task's own variables (a host function shadowing WASI's, whose list is fixed when
-//! its context is built), and times a fresh instance's three parts (instantiate, run, drop)
-//! and a reused instance's run. It checks that each reused task answered with its own
-//! environment. The guest's minor page faults per task come from `/proc/self/stat`.
+//! A probe, not part of the sandbox: it runs on the engine of a `Sandbox` with the default
+//! configuration (pooling, copy-on-write images, the page-map reset), gives the guest stdin
+//! that is filled again before every task and a `wasi:cli/environment` that answers with each
+//! task's own variables (a host function shadowing WASI's, whose list is fixed when its
+//! context is built), and times a fresh instance's three parts (instantiate, run, drop) and a
+//! reused instance's run. It checks that each reused task answered with its own environment.
+//! The guest's minor page faults per task come from `/proc/self/stat`.
 //!
 //! ```text
 //! cargo run --profile bench -p sweep-benches --example reuse_probe -- GUEST.wasm [TASKS]
@@ -20,8 +20,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use sweep::sandbox::{Sandbox, SandboxConfig};
+use sweep_dev::bench::cpu::minor_faults_of_this_process;
 use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
+use wasmtime::{Engine, Store};
 use wasmtime_wasi::cli::{IsTerminal, StdinStream};
 use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
@@ -129,7 +131,8 @@ fn new_store(engine: &Engine, stdin: &Refillable, stdout: &MemoryOutputPipe) -> 
     };
     let mut store = Store::new(engine, state);
     store.set_fuel(u64::MAX).expect("fuel is on");
-    store.set_epoch_deadline(u64::MAX);
+    // The sandbox's engine ticks its epoch; the deadline is added to the current one.
+    store.set_epoch_deadline(u64::MAX / 2);
     store
 }
 
@@ -142,34 +145,9 @@ fn task_env(n: usize) -> Vec<(String, String)> {
     ]
 }
 
-/// Minor page faults of this process so far (field 10 of `/proc/self/stat`).
+/// Minor page faults of this process so far.
 fn minor_faults() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    // The command name (field 2) may hold spaces; count from the ')' that closes it.
-    let after = &stat[stat.rfind(')').expect("stat format") + 2..];
-    after.split(' ').nth(7).and_then(|f| f.parse().ok()).expect("minflt")
-}
-
-fn engine() -> wasmtime::Result<Engine> {
-    let mut pool = PoolingAllocationConfig::new();
-    pool.total_component_instances(2)
-        .total_core_instances(64)
-        .total_memories(2)
-        .total_tables(64)
-        .max_core_instances_per_component(32)
-        .max_tables_per_component(32)
-        .max_memory_size(256 << 20)
-        .table_elements(100_000)
-        .pagemap_scan(wasmtime::Enabled::Yes)
-        .linear_memory_keep_resident(2 << 20)
-        .table_keep_resident(64 << 10);
-    let mut config = Config::new();
-    config
-        .consume_fuel(true)
-        .epoch_interruption(true)
-        .memory_init_cow(true)
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    Engine::new(&config)
+    minor_faults_of_this_process().expect("minflt in /proc/self/stat")
 }
 
 fn per_task(total: Duration, tasks: usize) -> String {
@@ -187,11 +165,12 @@ async fn main() -> wasmtime::Result<()> {
     let mut args = std::env::args().skip(1);
     let path = args.next().expect("usage: reuse_probe GUEST.wasm [TASKS]");
     let tasks: usize = args.next().map_or(Ok(300), |n| n.parse())?;
-    let engine = engine()?;
+    let sandbox = Sandbox::new(SandboxConfig::default())?;
+    let engine = sandbox.engine();
     let compiled = Instant::now();
-    let component = Component::from_file(&engine, &path)?;
+    let component = Component::from_file(engine, &path)?;
     println!("{path}: compiled in {:.1} s", compiled.elapsed().as_secs_f64());
-    let mut linker = Linker::<State>::new(&engine);
+    let mut linker = Linker::<State>::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     // The task's environment, in place of the one `WasiCtx` was built with.
@@ -210,7 +189,7 @@ async fn main() -> wasmtime::Result<()> {
         let faults = minor_faults();
         for _ in 0..tasks {
             stdin.fill(PAYLOAD);
-            let mut store = new_store(&engine, &stdin, &stdout);
+            let mut store = new_store(engine, &stdin, &stdout);
             let t = Instant::now();
             let command = pre.instantiate_async(&mut store).await?;
             instantiate += t.elapsed();
@@ -233,7 +212,7 @@ async fn main() -> wasmtime::Result<()> {
     }
     let fresh_output = stdout.contents().len();
 
-    let mut store = new_store(&engine, &stdin, &stdout);
+    let mut store = new_store(engine, &stdin, &stdout);
     let command = pre.instantiate_async(&mut store).await?;
     for round in 1..=2 {
         let faults = minor_faults();

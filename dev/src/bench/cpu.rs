@@ -60,11 +60,22 @@ impl Cpu {
     }
 }
 
-/// utime and stime from a `/proc/<pid>/stat` line (fields 14 and 15; the command name, field
-/// 2, is in parentheses and may hold spaces, so fields are counted after its closing one).
-fn parse_stat(stat: &str) -> Option<Cpu> {
+/// Minor page faults of this process so far (field 10 of `/proc/self/stat`).
+pub fn minor_faults_of_this_process() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    stat_fields(&stat)?.nth(7)?.parse().ok()
+}
+
+/// The fields of a `/proc/<pid>/stat` line from field 3 on: the command name, field 2, is in
+/// parentheses and may hold spaces, so fields are counted after its closing one.
+fn stat_fields(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
     let (_, after_name) = stat.rsplit_once(')')?;
-    let mut fields = after_name.split_whitespace().skip(11);
+    Some(after_name.split_whitespace())
+}
+
+/// utime and stime from a `/proc/<pid>/stat` line (fields 14 and 15).
+fn parse_stat(stat: &str) -> Option<Cpu> {
+    let mut fields = stat_fields(stat)?.skip(11);
     let ticks = |t: &str| t.parse::<u64>().ok();
     let user = ticks(fields.next()?)?;
     let system = ticks(fields.next()?)?;
