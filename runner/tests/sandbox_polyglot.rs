@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sweep::sandbox::{
     Capabilities, CompileLimits, CompiledModule, EgressPolicy, Execution, HandlerKind, Limits,
-    Outcome, Sandbox, SandboxConfig, TaskInput,
+    Outcome, Reuse, Sandbox, SandboxConfig, TaskInput, WarmStats,
 };
 use sweep_dev::mail::{MailApi, Reply};
 use sweep_dev::modules::{component_bytes, components_dir};
@@ -106,6 +106,7 @@ fn input(payload: &[u8], capabilities: Capabilities) -> TaskInput {
         max_attempts: 5,
         payload: payload.to_vec(),
         capabilities,
+        reuse: None,
     }
 }
 
@@ -250,6 +251,150 @@ async fn a_4xx_answer_is_permanent_and_a_5xx_is_retried() {
         let exec = send(name, &api, allowing(&[&api.allow_entry()])).await;
         let message = retryable_message(name, &exec);
         assert_eq!(message, format!("{} answered 503: {{}}", api.url()));
+    }
+}
+
+/// A task of `scope` (kept instances are found by it) for `name` at `attempt`.
+fn warm_input(scope: &str, tasks: u32, payload: &Value, attempt: u32) -> TaskInput {
+    let payload = serde_json::to_vec(payload).expect("json");
+    let reuse = Some(Reuse { scope: scope.to_owned(), tasks });
+    TaskInput { attempt, reuse, ..input(&payload, Capabilities::none()) }
+}
+
+/// How the pool's counters moved from `before`.
+fn moved(sb: &Sandbox, before: WarmStats) -> WarmStats {
+    let now = sb.warm_stats();
+    WarmStats {
+        reused: now.reused - before.reused,
+        kept: now.kept - before.kept,
+        dropped: now.dropped - before.dropped,
+        evicted: now.evicted - before.evicted,
+        refused: now.refused - before.refused,
+    }
+}
+
+/// Kept instances, on a sandbox of their own so the pool's counters are this test's alone
+/// (the guests are compiled for it again).
+#[tokio::test]
+async fn warm_instances_run_each_task_as_its_own_and_are_dropped_after_any_other_ending() {
+    let config = SandboxConfig { compile: compile_limits(), ..SandboxConfig::default() };
+    let sb = Sandbox::new(config).expect("sandbox builds");
+    for name in HELLOS {
+        let module = sb.compile(&guest_bytes(name)).expect("compiles");
+        let scope = format!("tenant-a/{name}/1");
+        let before = sb.warm_stats();
+        // Each task reads its own payload and environment, on one instance after the first.
+        for attempt in 1..=5 {
+            let who = format!("Ada {attempt}");
+            let task = warm_input(&scope, 100, &json!({"name": who}), attempt);
+            let exec = sb.run(&module, &task, &limits()).await;
+            let want = json!({"greeting": format!("Hello, {who}!"), "attempt": attempt});
+            assert_eq!(success(name, &exec), &want);
+            assert!(exec.stderr.starts_with(&format!("{name}: task")), "{name}: {}", exec.stderr);
+            assert!(exec.usage.fuel_used > 0 && exec.usage.peak_memory_bytes > 0, "{name}");
+        }
+        let stats = moved(&sb, before);
+        assert_eq!((stats.reused, stats.kept, stats.dropped), (4, 5, 0), "{name}: {stats:?}");
+        let idle = sb.warm_idle();
+
+        // Another scope (another tenant) never gets that instance: it makes its own.
+        let other = warm_input(&format!("tenant-b/{name}/1"), 100, &json!({"name": "Bo"}), 1);
+        let exec = sb.run(&module, &other, &limits()).await;
+        assert_eq!(success(name, &exec)["greeting"], "Hello, Bo!");
+        assert_eq!(moved(&sb, before).reused, 4, "{name}");
+        assert_eq!(sb.warm_idle(), idle + 1, "{name}");
+
+        // A failure (exit 100) drops the instance; the next task gets a fresh one.
+        let bad = warm_input(&scope, 100, &json!({"name": 5}), 6);
+        let exec = sb.run(&module, &bad, &limits()).await;
+        assert_eq!(permanent_message(name, &exec), "name must be a string");
+        assert_eq!(moved(&sb, before).dropped, 1, "{name}");
+        let exec = sb.run(&module, &warm_input(&scope, 100, &json!({}), 7), &limits()).await;
+        assert_eq!(success(name, &exec), &json!({"greeting": "Hello, world!", "attempt": 7}));
+        assert_eq!(moved(&sb, before).reused, 5, "{name}: the failed task's instance was gone");
+
+        // An instance runs at most `tasks` tasks: with 2, the second task retires it.
+        let short = format!("tenant-a/{name}/2");
+        for attempt in 1..=3 {
+            let exec =
+                sb.run(&module, &warm_input(&short, 2, &json!({}), attempt), &limits()).await;
+            assert_eq!(success(name, &exec)["attempt"], attempt);
+        }
+        // Kept after tasks 1 and 3 of that scope; task 2 was the instance's last.
+        let stats = moved(&sb, before);
+        assert_eq!((stats.reused, stats.kept), (6, 9), "{name}: {stats:?}");
+    }
+}
+
+/// Idle instances hold pool slots, and give them up: with two slots both held by idle
+/// instances, a task of a third scope evicts the oldest and runs.
+#[tokio::test]
+async fn idle_instances_give_their_slots_to_new_runs() {
+    let sb = Sandbox::new(SandboxConfig { max_concurrency: 2, ..SandboxConfig::default() })
+        .expect("sandbox builds");
+    let module = sb.compile(&sweep_dev::modules::component_bytes("component-noop")).expect("ok");
+    for scope in ["a", "b", "c"] {
+        let exec = sb.run(&module, &warm_input(scope, 100, &json!({}), 1), &limits()).await;
+        success(scope, &exec);
+    }
+    let stats = sb.warm_stats();
+    assert_eq!((stats.kept, stats.evicted), (3, 1), "{stats:?}");
+    assert_eq!(sb.warm_idle(), 2);
+}
+
+/// A command whose entry runs once (Rust's `wasm32-wasip2` std) refuses a second `run`: its
+/// scope is marked not reusable and every task still succeeds, each on a fresh instance.
+#[tokio::test]
+async fn a_command_that_runs_once_is_run_fresh_every_time() {
+    let sb = Sandbox::new(SandboxConfig::default()).expect("sandbox builds");
+    let module = sb.compile(&sweep_dev::modules::component_bytes("component-noop")).expect("ok");
+    let before = sb.warm_stats();
+    for attempt in 1..=4 {
+        let task = warm_input("t/noop/1", 100, &json!({}), attempt);
+        success("component-noop", &sb.run(&module, &task, &limits()).await);
+    }
+    let stats = moved(&sb, before);
+    // Kept after the first task, refused on the second, never kept again.
+    assert_eq!((stats.kept, stats.refused, stats.reused), (1, 1, 1), "{stats:?}");
+    assert_eq!(sb.warm_idle(), 0);
+}
+
+/// An HTTP task on a kept instance: each task's requests are counted as its own, and the
+/// egress list is the task's. An instance whose guest still holds a response or body when
+/// its task ends is not kept: componentize-js's `fetch` leaves them to its garbage collector,
+/// so every js-fetch task ends its instance.
+#[tokio::test]
+async fn warm_senders_count_each_tasks_requests_as_its_own() {
+    let config = SandboxConfig { compile: compile_limits(), ..SandboxConfig::default() };
+    let sb = Sandbox::new(config).expect("sandbox builds");
+    let kept = [(PYTHON_SEND, (3, 3, 1)), (JS_FETCH, (0, 0, 4))];
+    for (name, expected) in kept {
+        let module = sb.compile(&guest_bytes(name)).expect("compiles");
+        let api = MailApi::start(Reply::MessageId).await.expect("mail api");
+        let before = sb.warm_stats();
+        let payload = json!({"mail_api_url": api.url(), "to": "ada@example.org", "subject": "hi"});
+        let env = vec![("MAIL_API_KEY".to_owned(), "k-123".to_owned())];
+        for n in 1..=3 {
+            let capabilities = Capabilities { env: env.clone(), ..allowing(&[&api.allow_entry()]) };
+            let task =
+                TaskInput { capabilities, ..warm_input(&format!("s/{name}"), 100, &payload, 1) };
+            let exec = sb.run(&module, &task, &limits()).await;
+            assert_eq!(
+                success(name, &exec),
+                &json!({"message_id": format!("msg-{n}"), "status": 200})
+            );
+            assert_eq!((exec.usage.http_requests, exec.usage.http_refused), (1, 0), "{name}");
+            assert_eq!(exec.usage.bytes_received, format!(r#"{{"id":"msg-{n}"}}"#).len() as u64);
+        }
+        // Off the list for this task: refused, though the instance reached the API before.
+        let capabilities = Capabilities { env: env.clone(), ..Capabilities::none() };
+        let task = TaskInput { capabilities, ..warm_input(&format!("s/{name}"), 100, &payload, 1) };
+        let exec = sb.run(&module, &task, &limits()).await;
+        retryable_message(name, &exec);
+        assert_eq!((exec.usage.http_requests, exec.usage.http_refused), (0, 1), "{name}");
+        assert_eq!(api.requests().len(), 3, "{name}");
+        let stats = moved(&sb, before);
+        assert_eq!((stats.reused, stats.kept, stats.dropped), expected, "{name}: {stats:?}");
     }
 }
 

@@ -1,5 +1,6 @@
 //! The WebAssembly execution layer: runs one task's handler (a preview-1 module or a WASI 0.2
-//! component) in a fresh, limited instance and reports a typed [`Outcome`].
+//! component) in a limited instance, fresh unless its scope reuses instances, and reports a
+//! typed [`Outcome`].
 //!
 //! Owns: the runner's one `wasmtime::Engine` (with its epoch ticker), the WASI linkers (one
 //! for modules, one for components), handler validation/compilation, the module cache,
@@ -14,16 +15,19 @@
 //!   becomes an `Outcome`, a bad module a `ValidationError`;
 //! - compile once (per sha256), instantiate per task: the linker is built once per
 //!   `Sandbox`, modules are kept as `InstancePre`, components as `CommandPre`, each run gets
-//!   a fresh `Store`.
+//!   a fresh `Store`, except a component's whose scope reuses instances: it may run on one
+//!   kept from an earlier task of that scope, renewed for it (`warm`).
 //!
 //! Files: `artifacts` (compile once per fleet: the store of compiled artifacts, the engine
-//! fingerprint, the tag under the runners' key, loading a stored artifact), `capabilities` (what a run is given beyond computing: egress, HTTP limits,
-//! secrets as environment; what it used), `config` (settings, limits), `engine` (engine + ticker), `limits` (structural
+//! fingerprint, the tag under the runners' key, loading a stored artifact), `capabilities`
+//! (what a run is given beyond computing: egress, HTTP limits, secrets as environment; what
+//! it used), `config` (settings, limits), `engine` (engine + ticker), `limits` (structural
 //! limits, compile budget), `compiler` (where compiles run: child process or in process),
 //! `module` (validation, compiled form), `cache` (sha256 -> compiled, bounded by bytes),
-//! `store` (per-task state), `run` (one task), `wasi` (what a module sees), `component`
-//! (what a component sees), `http` (outbound HTTP: egress checks, limits, accounting),
-//! `pipes` (bounded stdio), `outcome` (classification).
+//! `store` (per-task state), `run` (one task), `warm` (component instances kept between
+//! tasks of a scope that opted in), `wasi` (what a module sees), `component` (what a
+//! component sees), `http` (outbound HTTP: egress checks, limits, accounting), `pipes`
+//! (bounded stdio), `outcome` (classification).
 
 mod artifacts;
 mod cache;
@@ -41,6 +45,7 @@ mod outcome;
 mod pipes;
 mod run;
 mod store;
+mod warm;
 mod wasi;
 #[cfg(test)]
 mod wasi_tests;
@@ -80,7 +85,8 @@ pub use module::{
 };
 pub use outcome::{Execution, Outcome, TrapCause, MESSAGE_MAX_BYTES, PERMANENT_EXIT_CODE};
 pub use run::{CAPACITY_WAIT, STDERR_TAIL_BYTES};
-pub use store::TaskInput;
+pub use store::{Reuse, TaskInput};
+pub use warm::{WarmStats, IDLE_TIMEOUT};
 
 pub(crate) use module::check_initial_memory;
 
@@ -147,6 +153,8 @@ struct Inner {
     config: SandboxConfig,
     /// The fingerprint of the compile child's engine settings (see `artifacts`).
     artifact_engine: String,
+    /// Component instances kept between tasks of scopes that reuse them.
+    warm: Arc<warm::WarmPool>,
 }
 
 impl fmt::Debug for Sandbox {
@@ -187,6 +195,7 @@ impl Sandbox {
             compiler,
             config,
             artifact_engine,
+            warm: Arc::default(),
         };
         Ok(Sandbox { inner: Arc::new(inner) })
     }
@@ -204,6 +213,16 @@ impl Sandbox {
     /// The shared engine.
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
+    }
+
+    /// What the pool of kept component instances did so far (see [`Reuse`]).
+    pub fn warm_stats(&self) -> WarmStats {
+        self.inner.warm.stats()
+    }
+
+    /// Kept component instances idle now.
+    pub fn warm_idle(&self) -> usize {
+        self.inner.warm.idle()
     }
 
     /// Checks `bytes` against the guest contract (by compiling it) and describes it.

@@ -1,6 +1,7 @@
 //! Bounded in-memory stdout/stderr for guests.
 //!
-//! Owns: [`BoundedOutput`], the only WASI output stream the sandbox hands to a guest.
+//! Owns: [`BoundedOutput`], the only WASI output stream the sandbox hands to a guest, and
+//! [`TaskStdin`], a component's stdin.
 //!
 //! Invariants:
 //! - host memory held per stream never exceeds its capacity (plus one in-flight write of at
@@ -10,7 +11,11 @@
 //!   than seeing an I/O error it could retry forever; the flag, not the error, is what the
 //!   classifier reads;
 //! - [`Overflow::KeepTail`] (stderr): writes never fail; the oldest bytes are dropped so the
-//!   buffer holds the most recent output, where a handler's error message lives.
+//!   buffer holds the most recent output, where a handler's error message lives;
+//! - every stream a guest opens on one of these reads or writes the one buffer: a warm
+//!   instance (`warm`) that kept its streams from the task before reads the next task's
+//!   payload and writes into the next task's output once the buffers are [`TaskStdin::fill`]ed
+//!   and [`BoundedOutput::reset`].
 //!
 //! `wasmtime_wasi::p2::pipe::MemoryOutputPipe` was not used: at capacity its `check_write`
 //! reports `Closed`, which WASI p1 turns into `EIO` for the guest (not a stop), and its traps
@@ -21,8 +26,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
-use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
+use wasmtime_wasi::cli::{IsTerminal, StdinStream, StdoutStream};
+use wasmtime_wasi::p2::{InputStream, OutputStream, Pollable, StreamError, StreamResult};
 
 /// Bytes a guest may hand us per write call (WASI p1 already splits writes into 4 KiB chunks).
 pub(crate) const WRITE_PERMIT: usize = 4096;
@@ -87,6 +92,14 @@ impl BoundedOutput {
     pub fn take(&self) -> Captured {
         let mut buf = self.lock();
         Captured { bytes: std::mem::take(&mut buf.bytes), overflowed: buf.overflowed }
+    }
+
+    /// Empties the buffer and clears its overflow for a new task, with that task's capacity.
+    pub fn reset(&self, capacity: usize) {
+        let mut buf = self.lock();
+        buf.bytes.clear();
+        buf.capacity = capacity;
+        buf.overflowed = false;
     }
 
     /// Appends `data`; `Err` means the stream refused it (stdout over its limit).
@@ -174,6 +187,79 @@ impl tokio::io::AsyncWrite for BoundedOutput {
     }
 }
 
+/// A component's stdin: the task's payload, then the end of the stream. Filled again for each
+/// task a warm instance runs; whether the guest has read it since is what tells a command
+/// that traps on entry from one that ran (`warm`).
+#[derive(Debug, Clone)]
+pub(crate) struct TaskStdin {
+    state: Arc<Mutex<StdinState>>,
+}
+
+#[derive(Debug)]
+struct StdinState {
+    /// What is left of the payload.
+    bytes: Bytes,
+    /// Whether the guest asked for stdin since the last fill.
+    read: bool,
+}
+
+impl TaskStdin {
+    pub fn new(payload: Bytes) -> Self {
+        TaskStdin { state: Arc::new(Mutex::new(StdinState { bytes: payload, read: false })) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, StdinState> {
+        // As for `BoundedOutput`: nothing panics while holding it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes `payload` the stream's content, from its start.
+    pub fn fill(&self, payload: Bytes) {
+        *self.lock() = StdinState { bytes: payload, read: false };
+    }
+
+    /// Whether the guest read (or tried to read) stdin since the last fill.
+    pub fn was_read(&self) -> bool {
+        self.lock().read
+    }
+}
+
+impl IsTerminal for TaskStdin {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdinStream for TaskStdin {
+    fn p2_stream(&self) -> Box<dyn InputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncRead + Send + Sync> {
+        // Only WASI 0.3's bindings read stdin this way, and they are not linked.
+        Box::new(tokio::io::empty())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for TaskStdin {
+    async fn ready(&mut self) {}
+}
+
+#[wasmtime_wasi::async_trait]
+impl InputStream for TaskStdin {
+    /// As `MemoryInputPipe` reads: up to `size` bytes, then `Closed` at the end.
+    fn read(&mut self, size: usize) -> StreamResult<Bytes> {
+        let mut state = self.lock();
+        state.read = true;
+        if state.bytes.is_empty() {
+            return Err(StreamError::Closed);
+        }
+        let size = size.min(state.bytes.len());
+        Ok(state.bytes.split_to(size))
+    }
+}
+
 /// The last at most `max` bytes of `s`, cut at a char boundary.
 pub(crate) fn tail_str(s: &str, max: usize) -> &str {
     let mut start = s.len().saturating_sub(max);
@@ -228,6 +314,33 @@ mod tests {
             Err(StreamError::Trap(e)) => assert!(e.is::<OutputLimitExceeded>()),
             other => panic!("expected a trap, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn reset_empties_and_sets_the_next_capacity() {
+        let out = BoundedOutput::new(2, Overflow::Stop);
+        assert!(out.append(b"abc").is_err());
+        out.reset(4);
+        assert!(out.append(b"abcd").is_ok());
+        let got = out.take();
+        assert_eq!(got.bytes, b"abcd");
+        assert!(!got.overflowed);
+    }
+
+    #[test]
+    fn stdin_reads_each_fill_to_its_end() {
+        let stdin = TaskStdin::new(Bytes::from_static(b"abc"));
+        let mut stream = stdin.p2_stream();
+        assert!(!stdin.was_read());
+        assert_eq!(stream.read(2).ok(), Some(Bytes::from_static(b"ab")));
+        assert_eq!(stream.read(9).ok(), Some(Bytes::from_static(b"c")));
+        assert!(matches!(stream.read(9), Err(StreamError::Closed)));
+        assert!(stdin.was_read());
+        // A stream kept from the task before reads the next one's payload.
+        stdin.fill(Bytes::from_static(b"xy"));
+        assert!(!stdin.was_read());
+        assert_eq!(stream.read(9).ok(), Some(Bytes::from_static(b"xy")));
+        assert!(matches!(stream.read(9), Err(StreamError::Closed)));
     }
 
     #[test]

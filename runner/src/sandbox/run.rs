@@ -1,10 +1,12 @@
 //! Running one task: fresh store, instantiate, call `_start` (a module) or `wasi:cli/run` (a
-//! component), classify.
+//! component), classify; or, for a component whose scope reuses instances, call `run` again
+//! on a kept instance (`warm`).
 //!
 //! Owns: [`Sandbox::run`] and the two deadline mechanisms.
 //!
 //! Invariants:
-//! - one fresh `Store` per run, dropped before `run` returns (which frees the pool slot);
+//! - one fresh `Store` per run, dropped before `run` returns (which frees the pool slot),
+//!   unless the run's scope reuses instances and it ended cleanly: then `warm` keeps it;
 //! - two independent stops enforce `limits.timeout`: the epoch callback (for a guest spinning
 //!   in wasm code; it also yields to tokio every tick) and `tokio::time::timeout` around the
 //!   whole instantiate+call future (for a guest parked in a host call such as a WASI sleep);
@@ -15,18 +17,20 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use wasmtime::{InstancePre, ModuleExport, Store};
-use wasmtime_wasi::p2::bindings::CommandPre;
+use wasmtime_wasi::p2::bindings::{Command, CommandPre};
 
 use super::capabilities::Usage;
-use super::component::{call_run, ComponentState, ComponentWasi};
+use super::component::{call_run, run_again, ComponentState, ComponentWasi};
 use super::config::Limits;
 use super::module::{CompiledModule, Handler};
 use super::outcome::{classify, Ending, Execution, Outcome, RunFacts};
 use super::pipes::{BoundedOutput, Overflow};
-use super::store::{new_store, StoreShape, StoreState, TaskInput, TaskState};
+use super::store::{new_store, Reuse, StoreShape, StoreState, TaskInput, TaskState};
+use super::warm::Warm;
 use super::wasi::GuestWasi;
 use super::Sandbox;
 
@@ -73,18 +77,31 @@ impl Sandbox {
         tokio::pin!(cancel);
         let started = Instant::now();
         let limits = &limits.capped_by(&self.config().maxima);
-        let stdout = BoundedOutput::new(limits.output_bytes, Overflow::Stop);
-        let stderr = BoundedOutput::new(STDERR_TAIL_BYTES, Overflow::KeepTail);
-
-        let ran = match &module.handler {
-            Handler::Module { pre, start } => {
+        let (ran, (stdout, stderr)) = match (&module.handler, &input.reuse) {
+            (Handler::Module { pre, start }, _) => {
+                let (stdout, stderr) = outputs(limits);
                 let entry = ModuleEntry { pre, start };
                 let wasi = || GuestWasi::new(input, &stdout, &stderr);
-                self.attempt(&entry, wasi, StoreShape::MODULE, limits, started, &mut cancel).await
+                let ran = self
+                    .attempt(&entry, wasi, StoreShape::MODULE, limits, started, &mut cancel)
+                    .await
+                    .map(|(mut store, ending)| ran_of(&mut store, ending));
+                (ran, (stdout, stderr))
             }
-            Handler::Component(pre) => {
+            (Handler::Component(pre), Some(reuse))
+                if self.inner.warm.reusable(reuse, &module.info().sha256) =>
+            {
+                let sha256 = &module.info().sha256;
+                self.run_warm(pre, sha256, reuse, input, limits, started, &mut cancel).await
+            }
+            (Handler::Component(pre), _) => {
+                let (stdout, stderr) = outputs(limits);
                 let wasi = || ComponentWasi::new(input, &stdout, &stderr);
-                self.attempt(pre, wasi, StoreShape::COMPONENT, limits, started, &mut cancel).await
+                let ran = self
+                    .attempt(pre, wasi, StoreShape::COMPONENT, limits, started, &mut cancel)
+                    .await
+                    .map(|(mut store, ending)| ran_of(&mut store, ending));
+                (ran, (stdout, stderr))
             }
         };
         let ran = match ran {
@@ -112,8 +129,64 @@ impl Sandbox {
         }
     }
 
+    /// Runs a component whose scope keeps instances (`warm`): on an idle instance of its key
+    /// if there is one, else on a fresh one, which is kept afterwards if the task ended
+    /// cleanly. An idle instance that refuses a second run marks the key not reusable, and
+    /// the task runs on a fresh instance.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_warm(
+        &self,
+        pre: &CommandPre<ComponentState>,
+        sha256: &str,
+        reuse: &Reuse,
+        input: &TaskInput,
+        limits: &Limits,
+        started: Instant,
+        cancel: &mut Pin<&mut impl Future<Output = ()>>,
+    ) -> (Result<Ran, Outcome>, (BoundedOutput, BoundedOutput)) {
+        let pool = &self.inner.warm;
+        if let Some(mut warm) = pool.take(reuse, sha256) {
+            let outputs = match warm.renew(input, limits, STDERR_TAIL_BYTES, started) {
+                Ok(outputs) => outputs,
+                Err(e) => {
+                    let why = format!("failed to set up store: {e:#}");
+                    return (Err(Outcome::RunnerError(why)), outputs(limits));
+                }
+            };
+            let ending = within(limits, cancel, run_again(&warm.command, &mut warm.store)).await;
+            let refused_entry =
+                matches!(ending, Ending::CallFailed(_)) && !warm.store.data().wasi.stdin_was_read();
+            if !refused_entry {
+                let ran = ran_of(&mut warm.store, ending);
+                pool.give_back(reuse, sha256, warm, &ran.ending);
+                return (Ok(ran), outputs);
+            }
+            pool.refuse(reuse, sha256);
+            drop(warm);
+        }
+        let (stdout, stderr) = outputs(limits);
+        let entry = Keep { pre, command: Mutex::new(None) };
+        let wasi = || ComponentWasi::new(input, &stdout, &stderr);
+        let ran = match self
+            .attempt(&entry, wasi, StoreShape::COMPONENT, limits, started, cancel)
+            .await
+        {
+            Ok((mut store, ending)) => {
+                let ran = ran_of(&mut store, ending);
+                let command = entry.command.into_inner().unwrap_or_else(PoisonError::into_inner);
+                if let Some(command) = command {
+                    pool.give_back(reuse, sha256, Warm::new(store, command), &ran.ending);
+                }
+                Ok(ran)
+            }
+            Err(outcome) => Err(outcome),
+        };
+        (ran, (stdout, stderr))
+    }
+
     /// Runs `entry` in a fresh store of guest state `wasi()`, again (with a new state) while
-    /// the instance pool has no free slot, for up to [`CAPACITY_WAIT`]. `Err` is an outcome
+    /// the instance pool has no free slot: at once after dropping an idle warm instance if
+    /// there is one, else after a pause, for up to [`CAPACITY_WAIT`]. `Err` is an outcome
     /// reached before the guest ran: a store that could not be set up, a cancel while waiting.
     async fn attempt<W: Guest, E: Entry<W>>(
         &self,
@@ -123,26 +196,22 @@ impl Sandbox {
         limits: &Limits,
         started: Instant,
         cancel: &mut Pin<&mut impl Future<Output = ()>>,
-    ) -> Result<Ran, Outcome> {
+    ) -> Result<(Store<TaskState<W>>, Ending), Outcome> {
         let mut pause = Duration::from_millis(1);
         loop {
             let mut store = new_store(self.engine(), wasi(), shape, limits, started)
                 .map_err(|e| Outcome::RunnerError(format!("failed to set up store: {e:#}")))?;
-            // Cancel first: polled at every epoch yield of a spinning guest, and woken by
-            // itself while a guest waits in a host call.
-            let ending = tokio::select! {
-                biased;
-                () = &mut *cancel => Ending::Cancelled,
-                ended = tokio::time::timeout(limits.timeout, entry.call(&mut store)) => {
-                    ended.unwrap_or(Ending::Elapsed)
-                }
-            };
+            let ending = within(limits, cancel, entry.call(&mut store)).await;
             // No free slot in the instance pool: a slot freed a moment ago may not be back
-            // yet. Nothing of the guest ran; wait a little and try again.
+            // yet. Nothing of the guest ran; free an idle instance's slot or wait a little,
+            // and try again.
             if matches!(&ending, Ending::InstantiateFailed(e) if no_capacity(e))
                 && started.elapsed() + pause < CAPACITY_WAIT
             {
                 drop(store);
+                if self.inner.warm.evict_oldest() {
+                    continue;
+                }
                 tokio::select! {
                     biased;
                     () = &mut *cancel => return Err(Outcome::Cancelled),
@@ -151,23 +220,49 @@ impl Sandbox {
                 pause = (pause * 2).min(Duration::from_millis(50));
                 continue;
             }
-            let fuel_left = store.get_fuel().unwrap_or(0);
-            // Dropping the store's instances here gives the pool slot back.
-            let state = store.into_data();
-            let mut usage = Usage {
-                peak_memory_bytes: u64::try_from(state.limiter.peak_memory_bytes)
-                    .unwrap_or(u64::MAX),
-                ..Usage::default()
-            };
-            state.wasi.add_usage(&mut usage);
-            return Ok(Ran {
-                ending,
-                fuel_left,
-                deadline_hit: state.deadline_hit,
-                memory_denied: state.limiter.memory_denied,
-                usage,
-            });
+            return Ok((store, ending));
         }
+    }
+}
+
+/// Awaits `call` until `limits.timeout` (then [`Ending::Elapsed`]) or `cancel`.
+async fn within(
+    limits: &Limits,
+    cancel: &mut Pin<&mut impl Future<Output = ()>>,
+    call: impl Future<Output = Ending>,
+) -> Ending {
+    // Cancel first: polled at every epoch yield of a spinning guest, and woken by itself
+    // while a guest waits in a host call.
+    tokio::select! {
+        biased;
+        () = &mut *cancel => Ending::Cancelled,
+        ended = tokio::time::timeout(limits.timeout, call) => ended.unwrap_or(Ending::Elapsed),
+    }
+}
+
+/// A run's stdout (of `limits.output_bytes`, stopping the guest past it) and stderr (its
+/// tail).
+fn outputs(limits: &Limits) -> (BoundedOutput, BoundedOutput) {
+    let stdout = BoundedOutput::new(limits.output_bytes, Overflow::Stop);
+    (stdout, BoundedOutput::new(STDERR_TAIL_BYTES, Overflow::KeepTail))
+}
+
+/// What a run that ended with `ending` left behind in `store`. The caller drops the store
+/// (dropping its instances gives the pool slot back) or keeps it (`warm`).
+fn ran_of<W: Guest>(store: &mut Store<TaskState<W>>, ending: Ending) -> Ran {
+    let fuel_left = store.get_fuel().unwrap_or(0);
+    let state = store.data();
+    let mut usage = Usage {
+        peak_memory_bytes: u64::try_from(state.limiter.peak_memory_bytes).unwrap_or(u64::MAX),
+        ..Usage::default()
+    };
+    state.wasi.add_usage(&mut usage);
+    Ran {
+        ending,
+        fuel_left,
+        deadline_hit: state.deadline_hit,
+        memory_denied: state.limiter.memory_denied,
+        usage,
     }
 }
 
@@ -225,7 +320,26 @@ impl Entry<ComponentWasi> for CommandPre<ComponentState> {
         &'s self,
         store: &'s mut Store<ComponentState>,
     ) -> impl Future<Output = Ending> + Send + 's {
-        call_run(self, store)
+        async move { call_run(self, store).await.0 }
+    }
+}
+
+/// A component's instance-pre, keeping the instance it makes (`warm`).
+struct Keep<'a> {
+    pre: &'a CommandPre<ComponentState>,
+    command: Mutex<Option<Command>>,
+}
+
+impl Entry<ComponentWasi> for Keep<'_> {
+    fn call<'s>(
+        &'s self,
+        store: &'s mut Store<ComponentState>,
+    ) -> impl Future<Output = Ending> + Send + 's {
+        async move {
+            let (ending, command) = call_run(self.pre, store).await;
+            *self.command.lock().unwrap_or_else(PoisonError::into_inner) = command;
+            ending
+        }
     }
 }
 

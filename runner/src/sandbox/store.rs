@@ -42,6 +42,20 @@ pub struct TaskInput {
     /// What the run is given beyond computing: hosts it may reach over HTTP (components
     /// only), its HTTP limits, and environment variables (secrets) after the `SWEEP_*` ones.
     pub capabilities: Capabilities,
+    /// For a component, whether its instance may be kept for later tasks (see `warm`).
+    pub reuse: Option<Reuse>,
+}
+
+/// A component instance may be kept after a task that ended cleanly and run later tasks of
+/// the same scope: its module version's `reuse` setting.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Reuse {
+    /// Whose tasks may share an instance: instances are kept and found by it and the
+    /// module's sha256, so tasks of two scopes never share one. The worker makes it from
+    /// the tenant, the task type and the module version.
+    pub scope: String,
+    /// Most tasks one instance runs before it is dropped (at least 1).
+    pub tasks: u32,
 }
 
 impl TaskInput {
@@ -61,6 +75,7 @@ impl TaskInput {
             // Serializing a `Value` only fails for non-string map keys, which `Value` can't have.
             payload: serde_json::to_vec(payload).unwrap_or_default(),
             capabilities: Capabilities::none(),
+            reuse: None,
         }
     }
 }
@@ -199,19 +214,13 @@ pub(crate) fn new_store<W: Send + 'static>(
 ) -> wasmtime::Result<Store<TaskState<W>>> {
     let state = TaskState {
         wasi,
-        limiter: TaskLimiter {
-            memory_bytes: usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX),
-            memory_denied: false,
-            peak_memory_bytes: 0,
-            shape,
-        },
-        deadline: started.checked_add(limits.timeout),
+        limiter: TaskLimiter { memory_bytes: 0, memory_denied: false, peak_memory_bytes: 0, shape },
+        deadline: None,
         deadline_hit: false,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
-    store.set_fuel(limits.fuel)?;
-    store.set_epoch_deadline(1);
+    arm(&mut store, limits, started)?;
     store.epoch_deadline_callback(|mut ctx| {
         let state = ctx.data_mut();
         if state.deadline.is_some_and(|deadline| Instant::now() >= deadline) {
@@ -221,6 +230,24 @@ pub(crate) fn new_store<W: Send + 'static>(
         Ok(UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())))
     });
     Ok(store)
+}
+
+/// Arms `store` for one run under `limits` from `started`: its fuel, its deadline, the
+/// limiter's limit, and flags cleared. The limiter's peak is left as it is: a kept instance
+/// (`warm`) still holds the memory it grew to.
+pub(crate) fn arm<W>(
+    store: &mut Store<TaskState<W>>,
+    limits: &Limits,
+    started: Instant,
+) -> wasmtime::Result<()> {
+    let state = store.data_mut();
+    state.limiter.memory_bytes = usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX);
+    state.limiter.memory_denied = false;
+    state.deadline = started.checked_add(limits.timeout);
+    state.deadline_hit = false;
+    store.set_fuel(limits.fuel)?;
+    store.set_epoch_deadline(1);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -108,6 +108,7 @@ pub(super) async fn execute(
                                     max_attempts: u32::try_from(task.max_attempts).unwrap_or(0),
                                     payload: task.payload.as_bytes().to_vec(),
                                     capabilities: capabilities.clone(),
+                                    reuse: None,
                                 };
                                 let mut done = sandbox
                                     .run_cancellable(&compiled, &input, &limits, &mut cancel)

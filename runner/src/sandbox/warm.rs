@@ -1,0 +1,270 @@
+//! Warm instances: a component's instance kept after a task that ended cleanly, to run the
+//! next task of the same scope (a module version of one tenant that opted in at upload,
+//! `reuse`), as Cloudflare Workers and AWS Lambda keep theirs.
+//!
+//! Why: a big guest's fresh instance costs 0.6 ms (componentize-js) to 1.3 ms
+//! (componentize-py) of page faults and function references before its first instruction;
+//! calling `wasi:cli/run` again on a live instance costs 20 to 65 µs
+//! (`benches/results/2026-12-07-1236-big-guest-reuse-probe.md`). What it trades: a task sees
+//! what earlier tasks of its scope left in the guest's memory, so it is opt-in.
+//!
+//! Owns: [`WarmPool`] (idle instances by key, the keys whose modules refuse a second run,
+//! counters) and [`Warm`] (one instance between tasks).
+//!
+//! Invariants:
+//! - an instance runs only tasks of one key, (scope, module sha256): never two tenants', never
+//!   two module versions';
+//! - each task gets its own stdin, output buffers, environment, egress hooks and counters
+//!   (`ComponentWasi::renew`), fuel, deadline and limiter flags ([`Warm::renew`]): only what
+//!   the guest keeps in its own memory carries over;
+//! - an instance goes back to the pool only when its task returned from `run`, no `wasi:http`
+//!   resource is left in its table (no socket, body or counter outlives its task) and it ran
+//!   fewer than its scope's `tasks`; any other ending (a trap, an exit with any code, the
+//!   deadline, the memory limit, a cancel) drops it;
+//! - a module whose kept instance fails its next run before reading stdin is a command whose
+//!   entry runs once (wasi-libc's, which Rust's `wasm32-wasip2` std uses): its key is marked
+//!   not reusable on this runner and the task runs on a fresh instance (nothing of it ran);
+//! - idle instances hold pool slots: a run that finds no free slot evicts the longest idle
+//!   instance before it waits ([`WarmPool::evict_oldest`]); one idle for [`IDLE_TIMEOUT`] is
+//!   dropped by a sweeper that runs while the pool holds any;
+//! - instances are dropped outside the pool's lock (dropping one returns its slot, which can
+//!   take a `madvise`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use wasmtime::Store;
+use wasmtime_wasi::p2::bindings::Command;
+
+use super::component::ComponentState;
+use super::config::Limits;
+use super::outcome::Ending;
+use super::pipes::BoundedOutput;
+use super::store::{arm, Reuse, TaskInput};
+
+/// An idle instance older than this is dropped: it holds a pool slot and its memory.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// (scope, module sha256).
+type Key = (String, String);
+
+/// One kept instance between tasks.
+pub(crate) struct Warm {
+    pub(super) store: Store<ComponentState>,
+    pub(super) command: Command,
+    /// Tasks it has run.
+    tasks: u32,
+    idle_since: Instant,
+}
+
+impl Warm {
+    pub(super) fn new(store: Store<ComponentState>, command: Command) -> Warm {
+        Warm { store, command, tasks: 1, idle_since: Instant::now() }
+    }
+
+    /// Readies the instance for `input`: the task's WASI state, fuel, deadline and limiter
+    /// flags. The peak memory carries over: the instance holds the memory it grew to.
+    pub(super) fn renew(
+        &mut self,
+        input: &TaskInput,
+        limits: &Limits,
+        stderr_bytes: usize,
+        started: Instant,
+    ) -> wasmtime::Result<(BoundedOutput, BoundedOutput)> {
+        self.tasks += 1;
+        let output_bytes = usize::try_from(limits.output_bytes).unwrap_or(usize::MAX);
+        let outputs = self.store.data_mut().wasi.renew(input, output_bytes, stderr_bytes);
+        arm(&mut self.store, limits, started)?;
+        Ok(outputs)
+    }
+}
+
+/// Counts of what the pool did, for tests and the bench.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WarmStats {
+    /// Tasks run on a kept instance.
+    pub reused: u64,
+    /// Instances put back after a task.
+    pub kept: u64,
+    /// Instances dropped after a task that did not end cleanly, or that held `wasi:http`.
+    pub dropped: u64,
+    /// Idle instances dropped for their age or for a slot.
+    pub evicted: u64,
+    /// Keys found not reusable (their command runs once).
+    pub refused: u64,
+}
+
+/// The runner's idle instances.
+#[derive(Default)]
+pub(crate) struct WarmPool {
+    state: Mutex<PoolState>,
+    sweeping: AtomicBool,
+    reused: AtomicU64,
+    kept: AtomicU64,
+    dropped: AtomicU64,
+    evicted: AtomicU64,
+    refused: AtomicU64,
+}
+
+#[derive(Default)]
+struct PoolState {
+    idle: HashMap<Key, Vec<Warm>>,
+    not_reusable: HashSet<Key>,
+}
+
+impl WarmPool {
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        // Nothing panics while holding it; the maps stay consistent either way.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn key(reuse: &Reuse, sha256: &str) -> Key {
+        (reuse.scope.clone(), sha256.to_owned())
+    }
+
+    /// Whether instances of this key may be kept.
+    pub(super) fn reusable(&self, reuse: &Reuse, sha256: &str) -> bool {
+        !self.lock().not_reusable.contains(&Self::key(reuse, sha256))
+    }
+
+    /// The most recently used idle instance of this key, if any.
+    pub(super) fn take(&self, reuse: &Reuse, sha256: &str) -> Option<Warm> {
+        let warm = self.lock().idle.get_mut(&Self::key(reuse, sha256))?.pop();
+        if warm.is_some() {
+            self.reused.fetch_add(1, Ordering::Relaxed);
+        }
+        warm
+    }
+
+    /// Marks this key not reusable: its instance refused a second run.
+    pub(super) fn refuse(&self, reuse: &Reuse, sha256: &str) {
+        let key = Self::key(reuse, sha256);
+        let gone = {
+            let mut state = self.lock();
+            state.not_reusable.insert(key.clone());
+            state.idle.remove(&key)
+        };
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        drop(gone);
+    }
+
+    /// After a task on `warm`: back to the pool if it `ended` cleanly, holds no `wasi:http`
+    /// resource, has runs left under `reuse.tasks` and its key is reusable; dropped
+    /// otherwise.
+    pub(super) fn give_back(
+        self: &Arc<Self>,
+        reuse: &Reuse,
+        sha256: &str,
+        mut warm: Warm,
+        ending: &Ending,
+    ) {
+        let clean = matches!(ending, Ending::Returned) && !warm.store.data_mut().wasi.holds_http();
+        if !clean {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if warm.tasks >= reuse.tasks {
+            return;
+        }
+        warm.idle_since = Instant::now();
+        let key = Self::key(reuse, sha256);
+        {
+            let mut state = self.lock();
+            if state.not_reusable.contains(&key) {
+                drop(state);
+                return;
+            }
+            state.idle.entry(key).or_default().push(warm);
+        }
+        self.kept.fetch_add(1, Ordering::Relaxed);
+        self.sweep_while_idle();
+    }
+
+    /// Drops the instance idle the longest; whether there was one.
+    pub(super) fn evict_oldest(&self) -> bool {
+        let oldest = {
+            let mut state = self.lock();
+            let oldest = state
+                .idle
+                .iter()
+                .filter_map(|(key, list)| Some((key, list.first()?.idle_since)))
+                .min_by_key(|(_, since)| *since)
+                .map(|(key, _)| key.clone());
+            oldest.and_then(|key| {
+                let list = state.idle.get_mut(&key)?;
+                let warm = list.remove(0);
+                if list.is_empty() {
+                    state.idle.remove(&key);
+                }
+                Some(warm)
+            })
+        };
+        let found = oldest.is_some();
+        if found {
+            self.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(oldest);
+        found
+    }
+
+    /// Drops instances idle for `IDLE_TIMEOUT` or longer; whether any are left.
+    fn evict_idle(&self, now: Instant) -> bool {
+        let (old, left) = {
+            let mut state = self.lock();
+            let mut old = Vec::new();
+            for list in state.idle.values_mut() {
+                // Oldest first: each list is pushed to in the order its instances went idle.
+                let stale = list.partition_point(|w| now - w.idle_since >= IDLE_TIMEOUT);
+                old.extend(list.drain(..stale));
+            }
+            state.idle.retain(|_, list| !list.is_empty());
+            (old, !state.idle.is_empty())
+        };
+        self.evicted.fetch_add(old.len() as u64, Ordering::Relaxed);
+        drop(old);
+        left
+    }
+
+    /// Starts the sweeper unless it runs: a task on the current tokio runtime that drops
+    /// stale instances every half `IDLE_TIMEOUT` and ends when the pool is empty (or gone).
+    fn sweep_while_idle(self: &Arc<Self>) {
+        if self.sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.sweeping.store(false, Ordering::Release);
+            return;
+        };
+        let pool: Weak<WarmPool> = Arc::downgrade(self);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(IDLE_TIMEOUT / 2).await;
+                let Some(pool) = pool.upgrade() else { return };
+                if !pool.evict_idle(Instant::now()) {
+                    pool.sweeping.store(false, Ordering::Release);
+                    // An instance kept between the sweep and the flag: sweep on for it.
+                    if pool.lock().idle.is_empty() || pool.sweeping.swap(true, Ordering::AcqRel) {
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Idle instances held now.
+    pub(super) fn idle(&self) -> usize {
+        self.lock().idle.values().map(Vec::len).sum()
+    }
+
+    pub(super) fn stats(&self) -> WarmStats {
+        WarmStats {
+            reused: self.reused.load(Ordering::Relaxed),
+            kept: self.kept.load(Ordering::Relaxed),
+            dropped: self.dropped.load(Ordering::Relaxed),
+            evicted: self.evicted.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+}
