@@ -179,6 +179,36 @@ async fn a_component_uploads_like_a_module(_: PgPoolOptions, db: PgConnectOption
 }
 
 #[sqlx::test(migrations = false)]
+async fn a_component_may_keep_its_instances_and_a_module_may_not(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let api = api(&db);
+    let bytes = sweep_dev::modules::component_bytes("component-noop");
+    let fresh = api.put_wasm("/v1/modules/noop", OP, &bytes).await.ok(201).clone();
+    assert_eq!(fresh["reuse"], serde_json::Value::Null);
+    // Another count is another version; the same count, the same version.
+    let kept = api.put_wasm("/v1/modules/noop?reuse=50", OP, &bytes).await.ok(201).clone();
+    assert_eq!((kept["version"].clone(), kept["reuse"].clone()), (json!(2), json!(50)));
+    let again = api.put_wasm("/v1/modules/noop?reuse=50", OP, &bytes).await;
+    assert_eq!(again.ok(200)["version"], 2);
+    let listed = api.get("/v1/modules/noop", OP).await.ok(200).clone();
+    let reuse: Vec<_> = listed["modules"].as_array().unwrap().iter().map(|m| &m["reuse"]).collect();
+    assert_eq!(reuse, [&json!(50), &json!(null)]);
+
+    for bad in ["reuse=0", "reuse=-1", "reuse=abc", "reuse=1000001", "reuse=1&reuse=2"] {
+        let a = api.put_wasm(&format!("/v1/modules/noop?{bad}"), OP, &bytes).await;
+        assert_eq!(a.status.as_u16(), 400, "{bad}: {}", a.text);
+    }
+    // A preview-1 command's `_start` runs once per instance: nothing stored.
+    let a = api.put_wasm("/v1/modules/wc?reuse=10", OP, &module("wordcount")).await;
+    a.expect(422, "reuse_needs_component");
+    assert!(a.message().contains("preview-1 module"), "{}", a.message());
+    api.get("/v1/modules/wc", OP).await.expect(404, "not_found");
+}
+
+#[sqlx::test(migrations = false)]
 async fn size_content_type_and_parameters_are_checked(_: PgPoolOptions, db: PgConnectOptions) {
     let db = migrated(db).await;
     let api = api_with(&db, AdminConfig { max_module_bytes: 64 * 1024, ..AdminConfig::default() });

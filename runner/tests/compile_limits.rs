@@ -764,9 +764,11 @@ async fn a_compile_nobody_finished_is_rejected_by_the_maintenance_and_its_queue_
     let pool = db.pool();
     let bytes = tiny_command();
     let (sha, settings) = (sha256_hex(&bytes), ModuleSettings::default());
-    let first = queue::register_compiling(&pool, "default", "t", (&sha, &bytes), &settings, &[])
-        .await
-        .unwrap();
+    let options = queue::UploadOptions::default();
+    let first =
+        queue::register_compiling(&pool, "default", "t", (&sha, &bytes), &settings, &options)
+            .await
+            .unwrap();
     assert_eq!((first.module.version, first.created), (1, true));
     assert_eq!(first.module.compile_state, queue::CompileState::Compiling);
     assert!(!first.module.active);

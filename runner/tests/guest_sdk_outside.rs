@@ -122,6 +122,7 @@ async fn a_handler_crate_outside_the_workspace_builds_and_runs() {
         max_attempts: 5,
         payload: serde_json::to_vec(&payload).unwrap(),
         capabilities: Capabilities::none(),
+        reuse: None,
     };
     let ran = sandbox.run(&module, &input(json!({"name": "Ada"})), &limits).await;
     match ran.outcome {

@@ -46,6 +46,7 @@ async fn run_raw(
         max_attempts: 5,
         payload: payload.to_vec(),
         capabilities: Capabilities::none(),
+        reuse: None,
     };
     sb.run(module, &input, &limits).await
 }

@@ -57,14 +57,15 @@ async fn register_for(
 ) {
     let secrets: Vec<String> = secrets.iter().map(|s| s.to_string()).collect();
     let settings = ModuleSettings { max_attempts: Some(1), ..ModuleSettings::default() };
-    queue::register_module_with_secrets(
+    let options = queue::UploadOptions { secrets, reuse: None };
+    queue::register_module_with(
         pool,
         tenant,
         task_type,
         &sha256_hex(bytes),
         bytes,
         &settings,
-        &secrets,
+        &options,
     )
     .await
     .unwrap();

@@ -387,6 +387,9 @@ pub struct UploadResponse {
     pub limits: EffectiveLimits,
     /// The tenant secrets this version receives as environment variables.
     pub secrets: Vec<String>,
+    /// Most tasks one kept instance runs (`null`: a fresh instance for every task).
+    #[schema(required)]
+    pub reuse: Option<i32>,
 }
 
 /// `GET /v1/modules` and `GET /v1/modules/{task_type}`.

@@ -235,6 +235,19 @@ pub struct SecretsParam {
     pub secrets: Option<String>,
 }
 
+/// `PUT /v1/modules/{task_type}?reuse=...`, as documented.
+#[allow(dead_code)] // only describes the parameter; the route parses it
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReuseParam {
+    /// Keep a component's instance after a task that returned cleanly and run up to this
+    /// many tasks of this version on it (a task then sees what earlier ones left in the
+    /// guest's memory; docs/guests.md). Absent: a fresh instance for every task. Components
+    /// only (a preview-1 module: 422).
+    #[param(nullable = false, minimum = 1, maximum = 1000000)]
+    pub reuse: Option<i32>,
+}
+
 /// A secret name from a path or a query: malformed is 400, `SWEEP_...` (well-formed but the
 /// runner's own) 422.
 pub fn check_secret_name(name: &str) -> Result<(), ApiError> {

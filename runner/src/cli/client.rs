@@ -159,6 +159,11 @@ pub struct UploadArgs {
     /// repeated; each must exist: `sweep secret set NAME` first).
     #[arg(long, value_delimiter = ',')]
     pub secrets: Vec<String>,
+    /// Keep a component's instance after a task that returned cleanly and run up to this
+    /// many tasks on it (tasks then share the guest's memory; docs/guests.md). Default: a
+    /// fresh instance for every task.
+    #[arg(long)]
+    pub reuse: Option<u64>,
     /// (Operator) upload for this tenant instead of `default`.
     #[arg(long)]
     pub tenant: Option<String>,
@@ -219,6 +224,7 @@ async fn upload(args: UploadArgs) -> anyhow::Result<()> {
         ("backoff_base_ms", args.backoff_base_ms),
         ("backoff_cap_ms", args.backoff_cap_ms),
         ("max_running", args.max_running),
+        ("reuse", args.reuse),
     ] {
         if let Some(v) = value {
             query.push((name, v.to_string()));
@@ -264,6 +270,9 @@ async fn upload(args: UploadArgs) -> anyhow::Result<()> {
         let names: Vec<String> = names.iter().map(print::cell).collect();
         println!("secrets (as environment variables): {}", names.join(", "));
     }
+    if let Some(tasks) = a["reuse"].as_i64() {
+        println!("instances kept: up to {tasks} tasks each");
+    }
     if compiling {
         println!(
             "its compile outlasted the request and goes on: the version becomes active once it \
@@ -291,6 +300,7 @@ fn print_modules(answer: &Value) {
                 print::short(&print::cell(&m["sha256"]), 13),
                 print::time(&m["created_at"]),
                 secret_names(&m["secrets"]),
+                m["reuse"].as_i64().map_or_else(|| "-".to_owned(), |n| n.to_string()),
                 compile_state(m),
             ]
         })
@@ -304,6 +314,7 @@ fn print_modules(answer: &Value) {
         "SHA256",
         "CREATED",
         "SECRETS",
+        "REUSE",
         "STATE",
     ];
     print::table(&headers, &rows);

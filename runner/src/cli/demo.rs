@@ -211,11 +211,11 @@ pub async fn register_example_with_secrets(
     })?;
     sandbox.validate_module(&bytes).with_context(|| format!("validating {}", path.display()))?;
     let sha256 = sha256_hex(&bytes);
-    let reg = queue::register_module_with_secrets(
-        pool, tenant, task_type, &sha256, &bytes, settings, secrets,
-    )
-    .await
-    .with_context(|| format!("registering {task_type} for tenant {tenant}"))?;
+    let options = queue::UploadOptions { secrets: secrets.to_vec(), reuse: None };
+    let reg =
+        queue::register_module_with(pool, tenant, task_type, &sha256, &bytes, settings, &options)
+            .await
+            .with_context(|| format!("registering {task_type} for tenant {tenant}"))?;
     Ok((reg, bytes.len()))
 }
 

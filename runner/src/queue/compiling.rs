@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::PgExecutor;
 
-use super::modules::register;
+use super::modules::{register, UploadOptions};
 use super::{sql_millis, Connects, ModuleSettings, QueueError, Registered};
 
 /// Where a version's compile stands.
@@ -63,12 +63,12 @@ pub async fn register_compiling<'c, A>(
     task_type: &str,
     (sha256, bytes): (&str, &[u8]),
     settings: &ModuleSettings,
-    secrets: &[String],
+    options: &UploadOptions,
 ) -> Result<Registered, QueueError>
 where
     A: Connects<'c>,
 {
-    register(conn, (tenant, task_type, sha256, bytes), settings, secrets, true).await
+    register(conn, (tenant, task_type, sha256, bytes), settings, options, true).await
 }
 
 /// Records the end of `version`'s compile: `Ok` makes it `ready` and (unless a version was

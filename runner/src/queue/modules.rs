@@ -52,6 +52,10 @@ pub struct ModuleVersion {
     pub settings: ModuleSettings,
     /// The tenant secrets this version receives as environment variables (named at upload).
     pub secrets: Vec<String>,
+    /// Most tasks one kept instance of this component runs (`null`: a fresh instance for
+    /// every task). Named at upload.
+    #[schema(required)]
+    pub reuse: Option<i32>,
     pub active: bool,
     pub created_at: DateTime<Utc>,
     /// Where its compile stands: only a `ready` version runs.
@@ -72,7 +76,7 @@ pub struct Registered {
 
 /// Registers `bytes` (already validated by the sandbox) as the next version of the handler
 /// for `(tenant, task_type)` and activates it, or re-activates the identical existing version.
-/// The version receives no secrets; see [`register_module_with_secrets`].
+/// The version receives no secrets and keeps no instance; see [`register_module_with`].
 pub async fn register_module<'c, A>(
     conn: A,
     tenant: &str,
@@ -84,25 +88,35 @@ pub async fn register_module<'c, A>(
 where
     A: Connects<'c>,
 {
-    register_module_with_secrets(conn, tenant, task_type, sha256, bytes, settings, &[]).await
+    let options = UploadOptions::default();
+    register_module_with(conn, tenant, task_type, sha256, bytes, settings, &options).await
 }
 
-/// [`register_module`] for a version that receives the tenant's secrets named in `secrets`
-/// (checked to exist by the caller; sorted and deduplicated here, so the same set is the same
-/// version whatever its order).
-pub async fn register_module_with_secrets<'c, A>(
+/// What an upload names beside the bytes and limits, part of the version's identity.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UploadOptions {
+    /// The tenant's secrets the version receives (checked to exist by the caller; sorted and
+    /// deduplicated when stored, so the same set is the same version whatever its order).
+    pub secrets: Vec<String>,
+    /// Most tasks one kept instance runs; `None`: a fresh instance for every task.
+    pub reuse: Option<i32>,
+}
+
+/// [`register_module`] for a version with `options`: secrets it receives, instances it
+/// keeps.
+pub async fn register_module_with<'c, A>(
     conn: A,
     tenant: &str,
     task_type: &str,
     sha256: &str,
     bytes: &[u8],
     settings: &ModuleSettings,
-    secrets: &[String],
+    options: &UploadOptions,
 ) -> Result<Registered, QueueError>
 where
     A: Connects<'c>,
 {
-    register(conn, (tenant, task_type, sha256, bytes), settings, secrets, false).await
+    register(conn, (tenant, task_type, sha256, bytes), settings, options, false).await
 }
 
 /// Registers the version (`compiling`: in that state, not activated, its queue held while the
@@ -112,7 +126,7 @@ pub(super) async fn register<'c, A>(
     conn: A,
     version: (&str, &str, &str, &[u8]),
     settings: &ModuleSettings,
-    secrets: &[String],
+    options: &UploadOptions,
     compiling: bool,
 ) -> Result<Registered, QueueError>
 where
@@ -121,7 +135,7 @@ where
     let (tenant, task_type, ..) = version;
     let mut conn = conn.connect().await?;
     let (version, created) =
-        insert_version(&mut conn, version, settings, secrets, compiling).await?;
+        insert_version(&mut conn, version, settings, options, compiling).await?;
     let module = get_version(&mut conn, tenant, task_type, version).await?;
     Ok(Registered { module, created })
 }
@@ -132,18 +146,18 @@ async fn insert_version<C>(
     conn: &mut Conn<C>,
     version: (&str, &str, &str, &[u8]),
     settings: &ModuleSettings,
-    secrets: &[String],
+    options: &UploadOptions,
     compiling: bool,
 ) -> Result<(i32, bool), QueueError>
 where
     C: DerefMut<Target = PgConnection> + Send + Debug,
 {
-    let mut secrets = secrets.to_vec();
-    secrets.sort_unstable();
-    secrets.dedup();
+    let mut options = options.clone();
+    options.secrets.sort_unstable();
+    options.secrets.dedup();
     // Two concurrent uploads can pick the same next version number; the loser retries.
     for _ in 0..5 {
-        match insert_version_once(&mut *conn, version, settings, &secrets, compiling).await {
+        match insert_version_once(&mut *conn, version, settings, &options, compiling).await {
             Ok(inserted) => return Ok(inserted),
             Err(e) if is_unique_violation(&e, "modules_pkey") => continue,
             Err(e) => return Err(e.into()),
@@ -156,7 +170,7 @@ async fn insert_version_once<'c, E: PgExecutor<'c>>(
     executor: E,
     (tenant, task_type, sha256, bytes): (&str, &str, &str, &[u8]),
     s: &ModuleSettings,
-    secrets: &[String],
+    options: &UploadOptions,
     compiling: bool,
 ) -> Result<(i32, bool), sqlx::Error> {
     sqlx::query_as(INSERT_VERSION)
@@ -171,8 +185,9 @@ async fn insert_version_once<'c, E: PgExecutor<'c>>(
         .bind(s.backoff_base_ms)
         .bind(s.backoff_cap_ms)
         .bind(s.max_running)
-        .bind(secrets)
+        .bind(&options.secrets)
         .bind(compiling)
+        .bind(options.reuse)
         .fetch_one(executor)
         .await
 }
@@ -267,15 +282,16 @@ const INSERT_VERSION: &str = r#"
           and memory_bytes is not distinct from $7 and max_attempts is not distinct from $8
           and backoff_base_ms is not distinct from $9 and backoff_cap_ms is not distinct from $10
           and max_running is not distinct from $11 and secrets = $12::text[]
+          and reuse is not distinct from $14
     ),
     created as (
         insert into sweep.modules (tenant, task_type, version, sha256, bytes, fuel, timeout_ms,
                              memory_bytes, max_attempts, backoff_base_ms, backoff_cap_ms,
-                             max_running, secrets, compile_state)
+                             max_running, secrets, compile_state, reuse)
         select $1, $2,
                coalesce((select max(version) from sweep.modules where tenant = $1 and task_type = $2), 0) + 1,
                $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
-               case when $13 then 'compiling' else 'ready' end
+               case when $13 then 'compiling' else 'ready' end, $14
         where not exists (select 1 from existing)
         returning version
     ),
@@ -351,7 +367,7 @@ const ACTIVATE: &str = r#"
 const LIST_VERSIONS: &str = r#"
     select m.tenant, m.task_type, m.version, m.sha256, length(m.bytes)::int8 as size,
            m.fuel, m.timeout_ms, m.memory_bytes, m.max_attempts, m.backoff_base_ms,
-           m.backoff_cap_ms, m.max_running, m.secrets, a.version is not null as active,
+           m.backoff_cap_ms, m.max_running, m.secrets, m.reuse, a.version is not null as active,
            m.created_at, m.compile_state, m.compile_error
     from sweep.modules m
     left join sweep.active_modules a

@@ -143,6 +143,8 @@ pub struct TaskCapabilityRows {
     pub wanted: Vec<String>,
     /// `(name, sealed)` of those that exist.
     pub sealed: Vec<(String, Sealed)>,
+    /// Most tasks one kept instance of the version runs (`None`: fresh for every task).
+    pub reuse: Option<i32>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -155,6 +157,7 @@ struct CapabilityRow {
     max_response_bytes: Option<i64>,
     request_timeout_ms: Option<i64>,
     wanted: Vec<String>,
+    reuse: Option<i32>,
     names: Vec<String>,
     nonces: Vec<Vec<u8>>,
     sealed: Vec<Vec<u8>>,
@@ -207,6 +210,7 @@ pub async fn task_capabilities_many<'c, E: PgExecutor<'c>>(
                 request_timeout_ms: r.request_timeout_ms,
                 wanted: r.wanted,
                 sealed,
+                reuse: r.reuse,
             };
             ((r.tenant, r.task_type, r.version), rows)
         })
@@ -248,7 +252,7 @@ const MISSING: &str = r#"
 const TASK_CAPABILITIES: &str = r#"
     select m.tenant, m.task_type, m.version,
            coalesce(e.allow, '{}'::text[]) as allow, e.max_requests, e.max_response_bytes,
-           e.request_timeout_ms, m.secrets as wanted,
+           e.request_timeout_ms, m.secrets as wanted, m.reuse,
            coalesce(s.names, '{}'::text[]) as names,
            coalesce(s.nonces, '{}'::bytea[]) as nonces,
            coalesce(s.sealed, '{}'::bytea[]) as sealed,

@@ -316,11 +316,8 @@ impl Entry<GuestWasi> for ModuleEntry<'_> {
 }
 
 impl Entry<ComponentWasi> for CommandPre<ComponentState> {
-    fn call<'s>(
-        &'s self,
-        store: &'s mut Store<ComponentState>,
-    ) -> impl Future<Output = Ending> + Send + 's {
-        async move { call_run(self, store).await.0 }
+    async fn call(&self, store: &mut Store<ComponentState>) -> Ending {
+        call_run(self, store).await.0
     }
 }
 
@@ -331,15 +328,10 @@ struct Keep<'a> {
 }
 
 impl Entry<ComponentWasi> for Keep<'_> {
-    fn call<'s>(
-        &'s self,
-        store: &'s mut Store<ComponentState>,
-    ) -> impl Future<Output = Ending> + Send + 's {
-        async move {
-            let (ending, command) = call_run(self.pre, store).await;
-            *self.command.lock().unwrap_or_else(PoisonError::into_inner) = command;
-            ending
-        }
+    async fn call(&self, store: &mut Store<ComponentState>) -> Ending {
+        let (ending, command) = call_run(self.pre, store).await;
+        *self.command.lock().unwrap_or_else(PoisonError::into_inner) = command;
+        ending
     }
 }
 

@@ -74,8 +74,7 @@ impl Warm {
         started: Instant,
     ) -> wasmtime::Result<(BoundedOutput, BoundedOutput)> {
         self.tasks += 1;
-        let output_bytes = usize::try_from(limits.output_bytes).unwrap_or(usize::MAX);
-        let outputs = self.store.data_mut().wasi.renew(input, output_bytes, stderr_bytes);
+        let outputs = self.store.data_mut().wasi.renew(input, limits.output_bytes, stderr_bytes);
         arm(&mut self.store, limits, started)?;
         Ok(outputs)
     }

@@ -30,8 +30,8 @@ use crate::secrets::{Redactor, SecretsKey, KEY_ENV};
 /// What a task of one module version gets.
 #[derive(Debug)]
 pub(super) enum Granted {
-    /// Run it with these.
-    Given { capabilities: Capabilities, redactor: Redactor },
+    /// Run it with these; on a kept instance of at most `reuse` tasks, if set.
+    Given { capabilities: Capabilities, redactor: Redactor, reuse: Option<u32> },
     /// Do not run it: the secrets it needs cannot be given (the message says why).
     Refused(String),
 }
@@ -141,6 +141,7 @@ fn grant(
         return Granted::Given {
             capabilities: Capabilities::none(),
             redactor: Redactor::default(),
+            reuse: None,
         };
     };
     let egress = EgressPolicy::parse(&rows.allow).unwrap_or_else(|e| {
@@ -178,7 +179,9 @@ fn grant(
         }
     }
     let redactor = Redactor::new(&env);
-    Granted::Given { capabilities: Capabilities { egress: Arc::new(egress), http, env }, redactor }
+    let capabilities = Capabilities { egress: Arc::new(egress), http, env };
+    let reuse = rows.reuse.and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 0);
+    Granted::Given { capabilities, redactor, reuse }
 }
 
 /// Replaces the given secret values in everything `execution` carries out of the run: the
@@ -221,7 +224,8 @@ mod tests {
         let (key, _) = SecretsKey::generate();
         let sealed = vec![("API_KEY".to_owned(), key.seal("acme", "API_KEY", "k-123456"))];
         match grant("acme", Some(rows(&["API_KEY"], sealed.clone())), Some(&key)) {
-            Granted::Given { capabilities, redactor } => {
+            Granted::Given { capabilities, redactor, reuse } => {
+                assert_eq!(reuse, None);
                 assert_eq!(capabilities.env, [("API_KEY".to_owned(), "k-123456".to_owned())]);
                 assert_eq!(capabilities.http.max_requests, 3);
                 assert_eq!(
@@ -253,6 +257,11 @@ mod tests {
             .contains("sealed under key"));
         // No secrets named: no key needed.
         assert!(matches!(grant("acme", Some(rows(&[], vec![])), None), Granted::Given { .. }));
+        let reusing = TaskCapabilityRows { reuse: Some(50), ..rows(&[], vec![]) };
+        assert!(matches!(
+            grant("acme", Some(reusing), None),
+            Granted::Given { reuse: Some(50), .. }
+        ));
     }
 
     #[test]

@@ -23,7 +23,9 @@ use crate::errors::error_chain;
 use crate::{
     config::WorkerConfig,
     queue::{self, ClaimedTask, FailureKind, ModuleSettings, Store},
-    sandbox::{Execution, LimitOverrides, Limits, ModuleCache, Outcome, Sandbox, TaskInput, Usage},
+    sandbox::{
+        Execution, LimitOverrides, Limits, ModuleCache, Outcome, Reuse, Sandbox, TaskInput, Usage,
+    },
 };
 
 #[allow(clippy::too_many_arguments)]
@@ -94,7 +96,7 @@ pub(super) async fn execute(
                             Ok(Granted::Refused(why)) => {
                                 not_run(Outcome::SecretsUnavailable(why.clone()))
                             }
-                            Ok(Granted::Given { capabilities, redactor }) => {
+                            Ok(Granted::Given { capabilities, redactor, reuse }) => {
                                 let limits = Limits::resolve(
                                     &config.sandbox.defaults,
                                     &overrides(&module.settings, task.max_result_bytes),
@@ -108,7 +110,12 @@ pub(super) async fn execute(
                                     max_attempts: u32::try_from(task.max_attempts).unwrap_or(0),
                                     payload: task.payload.as_bytes().to_vec(),
                                     capabilities: capabilities.clone(),
-                                    reuse: None,
+                                    // One tenant's type at one version: the version's
+                                    // identity holds its limits and secrets.
+                                    reuse: reuse.map(|tasks| Reuse {
+                                        scope: format!("{tenant}/{task_type}/{}", module.version),
+                                        tasks,
+                                    }),
                                 };
                                 let mut done = sandbox
                                     .run_cancellable(&compiled, &input, &limits, &mut cancel)

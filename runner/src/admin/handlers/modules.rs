@@ -24,11 +24,11 @@ use crate::admin::error::ApiError;
 use crate::admin::models::{ActivateRequest, ModulesResponse, UploadResponse, WasmModule};
 use crate::admin::openapi as doc;
 use crate::admin::params::{
-    resolve_limits, secret_names, ModuleListParams, Query, RequestedLimits, SecretsParam,
-    TaskTypePath, TenantParam,
+    resolve_limits, secret_names, ModuleListParams, Query, RequestedLimits, ReuseParam,
+    SecretsParam, TaskTypePath, TenantParam,
 };
 use crate::admin::AdminState;
-use crate::queue::{self, CompileState, ModuleVersion};
+use crate::queue::{self, CompileState, ModuleVersion, UploadOptions};
 use crate::sandbox::{
     check_initial_memory, check_structure, sha256_hex, CompiledModule, HandlerKind, ValidationError,
 };
@@ -46,7 +46,7 @@ fn check_task_type(task_type: &str) -> Result<(), ApiError> {
     operation_id = "upload_module",
     tag = "modules",
     security(("bearer" = [])),
-    params(TaskTypePath, TenantParam, RequestedLimits, SecretsParam),
+    params(TaskTypePath, TenantParam, RequestedLimits, SecretsParam, ReuseParam),
     // Described as `application/octet-stream` only, which generated clients send a file as
     // (openapi-python-client skips an operation whose only body type is one it does not know,
     // and warns about any); `application/wasm` is accepted the same and is what the CLI sends.
@@ -84,6 +84,7 @@ where
     let tenant = q.take("tenant");
     let requested = RequestedLimits::from_query(&mut q)?;
     let secrets = q.take("secrets").map(|raw| secret_names(&raw)).transpose()?.unwrap_or_default();
+    let reuse = reuse_tasks(&mut q)?;
     q.finish()?;
     check_content_type(content_type.as_deref(), WASM)
         .or_else(|_| check_content_type(content_type.as_deref(), OCTET_STREAM))
@@ -100,18 +101,32 @@ where
     let tenant_limit = caps.max_module_bytes.and_then(|b| usize::try_from(b).ok());
     let limit = state.config().max_module_bytes.min(tenant_limit.unwrap_or(usize::MAX));
     let bytes = read_limited(content_length, body, limit).await?;
+    let kind = if wasmparser::Parser::is_component(&bytes) {
+        HandlerKind::Component
+    } else {
+        HandlerKind::Module
+    };
+    if reuse.is_some() && kind == HandlerKind::Module {
+        return Err(ApiError::unprocessable(
+            "reuse_needs_component",
+            "`reuse` keeps a component's instance between tasks; a preview-1 module's `_start` \
+             runs once per instance, so it gets a fresh one for every task: upload it without \
+             `reuse`",
+        ));
+    }
+    let options = UploadOptions { secrets, reuse };
     let sha256 = sha256_hex(&bytes);
     let (registered, imports) =
         match validate(&state, &tenant, &sha256, bytes.clone(), limits.memory_bytes).await? {
             Validated::Compiled(compiled) => {
-                let registered = queue::register_module_with_secrets(
+                let registered = queue::register_module_with(
                     state.store(),
                     &tenant,
                     &task_type,
                     &sha256,
                     &bytes,
                     &settings,
-                    &secrets,
+                    &options,
                 )
                 .await?;
                 if let Some(cache) = state.modules() {
@@ -126,7 +141,7 @@ where
                     &task_type,
                     (&sha256, &bytes),
                     &settings,
-                    &secrets,
+                    &options,
                 )
                 .await?;
                 let m = &registered.module;
@@ -142,11 +157,6 @@ where
         CompileState::Ready => StatusCode::OK,
         CompileState::Compiling | CompileState::Rejected => StatusCode::ACCEPTED,
     };
-    let kind = if wasmparser::Parser::is_component(&bytes) {
-        HandlerKind::Component
-    } else {
-        HandlerKind::Module
-    };
     let answer = UploadResponse {
         tenant: m.tenant,
         task_type: m.task_type,
@@ -159,6 +169,7 @@ where
         wasi_imports: imports,
         limits,
         secrets: m.secrets,
+        reuse: m.reuse,
     };
     Ok(json(status, &answer))
 }
@@ -201,6 +212,22 @@ fn finish_in_background(
         }
     });
 }
+
+/// `?reuse=N` of an upload: at most N tasks per kept instance, from 1 to [`MAX_REUSE`].
+fn reuse_tasks(q: &mut Query) -> Result<Option<i32>, ApiError> {
+    match q.take_positive("reuse")? {
+        None => Ok(None),
+        Some(n) => i32::try_from(n).ok().filter(|&n| n <= MAX_REUSE).map(Some).ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_parameter",
+                format!("parameter `reuse` must be at most {MAX_REUSE}, got {n}"),
+            )
+        }),
+    }
+}
+
+/// The most tasks one kept instance may run (the schema's bound).
+pub const MAX_REUSE: i32 = 1_000_000;
 
 /// Refuses (422 `unknown_secret`) a module that names secrets its tenant does not hold.
 async fn check_secrets_exist(

@@ -39,7 +39,8 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
                     th { "tenant" } th { "task type" } th.num { "version" } th { "state" }
                     th { "sha256" } th.num { "size" } th.num { "fuel" } th.num { "timeout ms" }
                     th.num { "memory bytes" } th.num { "max attempts" } th.num { "backoff ms" }
-                    th.num { "max running" } th { "secrets" } th { "uploaded" } th {}
+                    th.num { "max running" } th { "secrets" }
+                    th.num title="tasks per kept instance" { "reuse" } th { "uploaded" } th {}
                 } }
                 tbody {
                     @for m in &versions {
@@ -58,6 +59,7 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
                             td.num { (limit(m.settings.backoff_base_ms)) " – " (limit(m.settings.backoff_cap_ms)) }
                             td.num { (limit(m.settings.max_running.map(i64::from))) }
                             td { @if m.secrets.is_empty() { "-" } @else { code { (m.secrets.join(", ")) } } }
+                            td.num { (m.reuse.map_or_else(|| "-".to_owned(), |n| n.to_string())) }
                             td { (time(m.created_at)) }
                             td {
                                 @if !m.active && !s.read_only() && m.compile_state == CompileState::Ready {
@@ -71,7 +73,7 @@ pub async fn modules(state: AdminState, s: Session, q: Pairs) -> Page {
                         }
                         @if let Some(why) = &m.compile_error {
                             tr.reason id=(format!("module-{}-{}-{}-why", m.tenant, m.task_type, m.version)) {
-                                td colspan="15" { span.muted { "rejected: " } (why) }
+                                td colspan="16" { span.muted { "rejected: " } (why) }
                             }
                         }
                     }
