@@ -8,11 +8,13 @@
 //!   preview-1 module (`modules/noop`, the SDK) and as a component (`components/component-noop`,
 //!   the same work: read the payload, parse it, write `{}`), in the same run; the target is
 //!   component / module ≤ 1.5;
-//! - `components/big/{python_hello,js_hello}/{image,no_image}`: `Sandbox::run` of the
+//! - `components/big/{python_hello,js_hello}/{image,no_image,kept}`: `Sandbox::run` of the
 //!   componentize-py and componentize-js hello guests (`guests/python-hello`, `guests/js-hello`,
 //!   tens of MB of pre-initialized interpreter), with their memory instantiated from its
 //!   copy-on-write image (the default) and copied in at every instantiation instead
-//!   (`SandboxConfig::memory_images` off): what the prepared image buys a big guest;
+//!   (`SandboxConfig::memory_images` off): what the prepared image buys a big guest; and on a
+//!   kept instance (`TaskInput::reuse`, a version uploaded with `?reuse=`): what keeping it
+//!   buys;
 //! - `egress/check`: the egress layer's decision for one request (`allows_host` on the URL's
 //!   host, `allows_address` on the address to dial) against a 10-entry allow list;
 //! - `egress/loopback_request`: one component run that sends one request to a loopback server
@@ -25,7 +27,7 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use serde_json::json;
 use sweep::sandbox::{
-    Capabilities, EgressPolicy, Limits, Outcome, Sandbox, SandboxConfig, TaskInput,
+    Capabilities, EgressPolicy, Limits, Outcome, Reuse, Sandbox, SandboxConfig, TaskInput,
 };
 use sweep_benches::{noop_wasm, runtime};
 use sweep_dev::mail::{MailApi, Reply};
@@ -61,15 +63,26 @@ fn big_guests(c: &mut Criterion) {
         ("python_hello", component_bytes("python-hello")),
         ("js_hello", component_bytes("js-hello")),
     ] {
-        for (image, memory_images) in [("image", true), ("no_image", false)] {
+        let kept = Some(Reuse { scope: guest.to_owned(), tasks: u32::MAX });
+        for (image, memory_images, reuse) in
+            [("image", true, None), ("no_image", false, None), ("kept", true, kept)]
+        {
             let config = SandboxConfig { memory_images, ..SandboxConfig::default() };
             let sandbox = Sandbox::new(config).expect("sandbox");
+            let input = TaskInput { reuse, ..input.clone() };
             let handler = sandbox.compile(&bytes).expect("compile");
             let first = rt.block_on(sandbox.run(&handler, &input, &limits));
             assert!(matches!(first.outcome, Outcome::Success(_)), "{guest}/{image}: {first:?}");
             group.bench_function(format!("{guest}/{image}"), |b| {
                 b.to_async(&rt).iter(|| sandbox.run(&handler, &input, &limits))
             });
+            let reused = sandbox.warm_stats().reused > 0;
+            assert_eq!(
+                reused,
+                input.reuse.is_some(),
+                "{guest}/{image}: {:?}",
+                sandbox.warm_stats()
+            );
         }
     }
     group.finish();

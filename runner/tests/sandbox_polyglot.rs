@@ -444,3 +444,28 @@ async fn measure_python_and_js_against_rust() {
         );
     }
 }
+
+/// componentize-js opens a stdin and a stdout stream every task and never drops them: a kept
+/// instance is dropped once it holds more resources than the bound, so its table (and the
+/// host memory behind it) stays bounded. The Python guest drops what it opens and keeps
+/// its instance.
+#[tokio::test]
+async fn a_guest_that_leaks_handles_gets_a_fresh_instance_past_the_bound() {
+    let config = SandboxConfig { compile: compile_limits(), ..SandboxConfig::default() };
+    let sb = Sandbox::new(config).expect("sandbox builds");
+    for (name, leaks) in [(PYTHON_HELLO, false), (JS_HELLO, true)] {
+        let module = sb.compile(&guest_bytes(name)).expect("compiles");
+        let before = sb.warm_stats();
+        for n in 0..100 {
+            let task = warm_input(name, 1000, &json!({"name": "x"}), n + 1);
+            let exec = sb.run(&module, &task, &limits()).await;
+            assert_eq!(success(name, &exec)["attempt"], n + 1);
+        }
+        let stats = moved(&sb, before);
+        if leaks {
+            assert!(stats.dropped >= 1 && stats.reused < 99, "{name}: {stats:?}");
+        } else {
+            assert_eq!((stats.dropped, stats.reused), (0, 99), "{name}: {stats:?}");
+        }
+    }
+}

@@ -78,6 +78,10 @@ pub struct BenchArgs {
     /// Which no-op guest every task runs.
     #[arg(long, global = true, value_enum, default_value_t = Guest::Rust)]
     pub guest: Guest,
+    /// Upload the guest with `reuse` (a component: each kept instance runs up to this many
+    /// tasks). Default: a fresh instance for every task.
+    #[arg(long, global = true)]
+    pub reuse: Option<i32>,
 }
 
 /// The no-op guests `sweep-bench` can run.
@@ -170,13 +174,14 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         Guest::Js => std::fs::read(args.components_dir.join("js-hello.wasm"))
             .context("reading js-hello.wasm (run scripts/build-modules.sh first)")?,
     };
-    queue::register_module(
+    queue::register_module_with(
         pool,
         queue::DEFAULT_TENANT,
         "noop",
         &sha256_hex(&noop),
         &noop,
         &ModuleSettings::default(),
+        &queue::UploadOptions { reuse: args.reuse, ..queue::UploadOptions::default() },
     )
     .await?;
     match mode {
@@ -238,6 +243,7 @@ async fn throughput(
     // drain measures running tasks, not one compile (a Python component's takes ~20 s).
     let compile = Instant::now();
     worker.modules().insert(module.to_vec()).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let sandbox = worker.sandbox().clone();
     println!("compiled the module in {:.2}s (not counted)", compile.elapsed().as_secs_f64());
     let bar = ProgressBar::new(n as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} tasks  {per_sec}  eta {eta}")
@@ -272,9 +278,15 @@ async fn throughput(
     runner.await??;
 
     let rate = n as f64 / secs;
+    let reused = sandbox.warm_stats().reused;
+    let instances = if reused == 0 {
+        "fresh instance per task".to_owned()
+    } else {
+        format!("{reused} tasks on kept instances")
+    };
     println!(
-        "drained {n} tasks in {secs:.2}s: {rate:.0} tasks/s  (batch {}, concurrency {}, fresh \
-         instance per task, fuel + epoch deadline + memory + output limits on)",
+        "drained {n} tasks in {secs:.2}s: {rate:.0} tasks/s  (batch {}, concurrency {}, \
+         {instances}, fuel + epoch deadline + memory + output limits on)",
         config.batch_size, config.concurrency
     );
     let per_task = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;

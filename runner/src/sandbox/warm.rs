@@ -18,7 +18,8 @@
 //!   (`ComponentWasi::renew`), fuel, deadline and limiter flags ([`Warm::renew`]): only what
 //!   the guest keeps in its own memory carries over;
 //! - an instance goes back to the pool only when its task returned from `run`, no `wasi:http`
-//!   resource is left in its table (no socket, body or counter outlives its task) and it ran
+//!   resource is left in its table (no socket, body or counter outlives its task), it holds
+//!   at most `MAX_HELD_RESOURCES` resources (a guest leaking handles is bounded) and it ran
 //!   fewer than its scope's `tasks`; any other ending (a trap, an exit with any code, the
 //!   deadline, the memory limit, a cancel) drops it;
 //! - a module whose kept instance fails its next run before reading stdin is a command whose
@@ -87,7 +88,8 @@ pub struct WarmStats {
     pub reused: u64,
     /// Instances put back after a task.
     pub kept: u64,
-    /// Instances dropped after a task that did not end cleanly, or that held `wasi:http`.
+    /// Instances dropped after a task that did not end cleanly, or that held `wasi:http` or
+    /// too many resources.
     pub dropped: u64,
     /// Idle instances dropped for their age or for a slot.
     pub evicted: u64,
@@ -159,7 +161,7 @@ impl WarmPool {
         mut warm: Warm,
         ending: &Ending,
     ) {
-        let clean = matches!(ending, Ending::Returned) && !warm.store.data_mut().wasi.holds_http();
+        let clean = matches!(ending, Ending::Returned) && warm.store.data_mut().wasi.may_be_kept();
         if !clean {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -215,7 +217,9 @@ impl WarmPool {
             let mut old = Vec::new();
             for list in state.idle.values_mut() {
                 // Oldest first: each list is pushed to in the order its instances went idle.
-                let stale = list.partition_point(|w| now - w.idle_since >= IDLE_TIMEOUT);
+                let stale = list.partition_point(|w| {
+                    now.saturating_duration_since(w.idle_since) >= IDLE_TIMEOUT
+                });
                 old.extend(list.drain(..stale));
             }
             state.idle.retain(|_, list| !list.is_empty());
@@ -265,5 +269,30 @@ impl WarmPool {
             evicted: self.evicted.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::sandbox::{Outcome, Sandbox, SandboxConfig};
+
+    #[tokio::test]
+    async fn instances_idle_past_the_timeout_are_dropped() {
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let bytes = sweep_dev::modules::component_bytes("component-noop");
+        let module = sandbox.compile(&bytes).unwrap();
+        let reuse = Some(Reuse { scope: "t".into(), tasks: 10 });
+        let input = TaskInput { reuse, ..TaskInput::new("1", "t", 1, 1, &json!({})) };
+        let ran = sandbox.run(&module, &input, &Limits::DEFAULT).await;
+        assert!(matches!(ran.outcome, Outcome::Success(_)), "{ran:?}");
+        let pool = &sandbox.inner.warm;
+        assert!(pool.evict_idle(Instant::now()), "not idle long enough yet");
+        assert_eq!(pool.idle(), 1);
+        assert!(!pool.evict_idle(Instant::now() + IDLE_TIMEOUT));
+        assert_eq!((pool.idle(), pool.stats().evicted), (0, 1));
     }
 }
