@@ -77,7 +77,7 @@ pub async fn state(pool: &PgPool, id: TaskId) -> TaskState {
 use sweep::{
     config::WorkerConfig,
     queue::{ModuleSettings, RetryPolicy},
-    sandbox::{sha256_hex, Limits, Sandbox, SandboxConfig},
+    sandbox::{sha256_hex, CompileLimits, Limits, Sandbox, SandboxConfig},
     worker::{Worker, WorkerSummary},
 };
 use tokio::{sync::oneshot, task::JoinHandle};
@@ -131,6 +131,23 @@ pub fn unpooled_config(concurrency: usize) -> WorkerConfig {
         spare_slots: 0,
         sandbox: SandboxConfig { max_concurrency, pooling: false, ..test_config().sandbox },
         ..test_config()
+    }
+}
+
+/// Compile limits with room for a language runtime: a componentize-py component defines
+/// ~14,000 functions in ~12 MB of code, CPython's interpreter loop alone is a ~200 KB
+/// function. Set by the tests that run the Python and JavaScript guests rather than taken
+/// from the defaults, which are the operator's to choose.
+pub fn runtime_compile_limits() -> CompileLimits {
+    CompileLimits {
+        max_functions: 200_000,
+        max_code_bytes: 128 << 20,
+        max_function_bytes: 8 << 20,
+        max_locals: 100_000,
+        cpu: Duration::from_secs(300),
+        memory_bytes: 8 << 30,
+        wall: Duration::from_secs(600),
+        ..CompileLimits::default()
     }
 }
 

@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sweep::sandbox::{
-    Capabilities, CompileLimits, CompiledModule, EgressPolicy, Execution, HandlerKind, Limits,
-    Outcome, Reuse, Sandbox, SandboxConfig, TaskInput, WarmStats,
+    Capabilities, CompiledModule, EgressPolicy, Execution, HandlerKind, Limits, Outcome, Reuse,
+    Sandbox, SandboxConfig, TaskInput, WarmStats,
 };
 use sweep_dev::mail::{MailApi, Reply};
 use sweep_dev::modules::{component_bytes, components_dir};
-use sweep_dev::testing::error_chain as chain;
+use sweep_dev::testing::{error_chain as chain, runtime_compile_limits};
 
 const PYTHON_HELLO: &str = "python-hello";
 const PYTHON_SEND: &str = "python-send";
@@ -36,26 +36,11 @@ const JS_FETCH: &str = "js-fetch";
 const HELLOS: [&str; 2] = [PYTHON_HELLO, JS_HELLO];
 const SENDERS: [&str; 2] = [PYTHON_SEND, JS_FETCH];
 
-/// Room for a language runtime: a componentize-py component defines ~14,000 functions in
-/// ~12 MB of code, CPython's interpreter loop alone is a ~200 KB function. Set here rather
-/// than taken from the defaults, which are the operator's to choose.
-fn compile_limits() -> CompileLimits {
-    CompileLimits {
-        max_functions: 200_000,
-        max_code_bytes: 128 << 20,
-        max_function_bytes: 8 << 20,
-        max_locals: 100_000,
-        cpu: Duration::from_secs(300),
-        memory_bytes: 8 << 30,
-        wall: Duration::from_secs(600),
-        ..CompileLimits::default()
-    }
-}
-
 fn sandbox() -> &'static Sandbox {
     static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
     SANDBOX.get_or_init(|| {
-        let config = SandboxConfig { compile: compile_limits(), ..SandboxConfig::default() };
+        let config =
+            SandboxConfig { compile: runtime_compile_limits(), ..SandboxConfig::default() };
         Sandbox::new(config).expect("sandbox builds")
     })
 }
@@ -277,7 +262,7 @@ fn moved(sb: &Sandbox, before: WarmStats) -> WarmStats {
 /// (the guests are compiled for it again).
 #[tokio::test]
 async fn warm_instances_run_each_task_as_its_own_and_are_dropped_after_any_other_ending() {
-    let config = SandboxConfig { compile: compile_limits(), ..SandboxConfig::default() };
+    let config = SandboxConfig { compile: runtime_compile_limits(), ..SandboxConfig::default() };
     let sb = Sandbox::new(config).expect("sandbox builds");
     for name in HELLOS {
         let module = sb.compile(&guest_bytes(name)).expect("compiles");
@@ -365,7 +350,7 @@ async fn a_command_that_runs_once_is_run_fresh_every_time() {
 /// so every js-fetch task ends its instance.
 #[tokio::test]
 async fn warm_senders_count_each_tasks_requests_as_its_own() {
-    let config = SandboxConfig { compile: compile_limits(), ..SandboxConfig::default() };
+    let config = SandboxConfig { compile: runtime_compile_limits(), ..SandboxConfig::default() };
     let sb = Sandbox::new(config).expect("sandbox builds");
     let kept = [(PYTHON_SEND, (3, 3, 1)), (JS_FETCH, (0, 0, 4))];
     for (name, expected) in kept {
@@ -451,7 +436,7 @@ async fn measure_python_and_js_against_rust() {
 /// its instance.
 #[tokio::test]
 async fn a_guest_that_leaks_handles_gets_a_fresh_instance_past_the_bound() {
-    let config = SandboxConfig { compile: compile_limits(), ..SandboxConfig::default() };
+    let config = SandboxConfig { compile: runtime_compile_limits(), ..SandboxConfig::default() };
     let sb = Sandbox::new(config).expect("sandbox builds");
     for (name, leaks) in [(PYTHON_HELLO, false), (JS_HELLO, true)] {
         let module = sb.compile(&guest_bytes(name)).expect("compiles");

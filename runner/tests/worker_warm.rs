@@ -7,14 +7,12 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::*;
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::config::WorkerConfig;
 use sweep::queue::{self, ModuleSettings, NewTask, UploadOptions};
-use sweep::sandbox::{sha256_hex, CompileLimits, Sandbox};
+use sweep::sandbox::{sha256_hex, Sandbox};
 use sweep::worker::Worker;
 
 const TASKS: u32 = 6;
@@ -25,16 +23,7 @@ fn config() -> WorkerConfig {
     let base = test_config();
     let mut sandbox = base.sandbox.clone();
     sandbox.defaults.memory_bytes = 128 << 20;
-    sandbox.compile = CompileLimits {
-        max_functions: 200_000,
-        max_code_bytes: 128 << 20,
-        max_function_bytes: 8 << 20,
-        max_locals: 100_000,
-        cpu: Duration::from_secs(300),
-        memory_bytes: 8 << 30,
-        wall: Duration::from_secs(600),
-        ..CompileLimits::default()
-    };
+    sandbox.compile = runtime_compile_limits();
     WorkerConfig { concurrency: 1, spare_slots: 0, sandbox, ..base }
 }
 
