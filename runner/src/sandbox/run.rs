@@ -29,8 +29,8 @@ use super::config::Limits;
 use super::module::{CompiledModule, Handler};
 use super::outcome::{classify, Ending, Execution, Outcome, RunFacts};
 use super::pipes::{BoundedOutput, Overflow};
-use super::store::{new_store, Reuse, StoreShape, StoreState, TaskInput, TaskState};
-use super::warm::Warm;
+use super::store::{new_store, StoreShape, StoreState, TaskInput, TaskState};
+use super::warm::{Found, Key, Warm, WarmPool};
 use super::wasi::GuestWasi;
 use super::Sandbox;
 
@@ -88,20 +88,12 @@ impl Sandbox {
                     .map(|(mut store, ending)| ran_of(&mut store, ending));
                 (ran, (stdout, stderr))
             }
-            (Handler::Component(pre), Some(reuse))
-                if self.inner.warm.reusable(reuse, &module.info().sha256) =>
-            {
-                let sha256 = &module.info().sha256;
-                self.run_warm(pre, sha256, reuse, input, limits, started, &mut cancel).await
+            (Handler::Component(pre), Some(reuse)) => {
+                let key = WarmPool::key(reuse, &module.info().sha256);
+                self.run_warm(pre, &key, reuse.tasks, input, limits, started, &mut cancel).await
             }
-            (Handler::Component(pre), _) => {
-                let (stdout, stderr) = outputs(limits);
-                let wasi = || ComponentWasi::new(input, &stdout, &stderr);
-                let ran = self
-                    .attempt(pre, wasi, StoreShape::COMPONENT, limits, started, &mut cancel)
-                    .await
-                    .map(|(mut store, ending)| ran_of(&mut store, ending));
-                (ran, (stdout, stderr))
+            (Handler::Component(pre), None) => {
+                self.run_fresh(pre, input, limits, started, &mut cancel).await
             }
         };
         let ran = match ran {
@@ -129,58 +121,78 @@ impl Sandbox {
         }
     }
 
-    /// Runs a component whose scope keeps instances (`warm`): on an idle instance of its key
-    /// if there is one, else on a fresh one, which is kept afterwards if the task ended
-    /// cleanly. An idle instance that refuses a second run marks the key not reusable, and
-    /// the task runs on a fresh instance.
+    /// Runs a component on a fresh instance that is dropped afterwards.
+    async fn run_fresh(
+        &self,
+        pre: &CommandPre<ComponentState>,
+        input: &TaskInput,
+        limits: &Limits,
+        started: Instant,
+        cancel: &mut Pin<&mut impl Future<Output = ()>>,
+    ) -> (Result<Ran, Outcome>, (BoundedOutput, BoundedOutput)) {
+        let (stdout, stderr) = outputs(limits);
+        let wasi = || ComponentWasi::new(input, &stdout, &stderr);
+        let ran = self
+            .attempt(pre, wasi, StoreShape::COMPONENT, limits, started, cancel)
+            .await
+            .map(|(mut store, ending)| ran_of(&mut store, ending));
+        (ran, (stdout, stderr))
+    }
+
+    /// Runs a component whose scope keeps instances (`warm`): on an idle instance of its
+    /// `key` if there is one, else on a fresh one, which is kept afterwards (for at most
+    /// `tasks` tasks) if the task ended cleanly. An idle instance that refuses a second run
+    /// marks the key not reusable, and the task runs on a fresh instance.
     #[allow(clippy::too_many_arguments)]
     async fn run_warm(
         &self,
         pre: &CommandPre<ComponentState>,
-        sha256: &str,
-        reuse: &Reuse,
+        key: &Key,
+        tasks: u32,
         input: &TaskInput,
         limits: &Limits,
         started: Instant,
         cancel: &mut Pin<&mut impl Future<Output = ()>>,
     ) -> (Result<Ran, Outcome>, (BoundedOutput, BoundedOutput)) {
         let pool = &self.inner.warm;
-        if let Some(mut warm) = pool.take(reuse, sha256) {
-            let outputs = match warm.renew(input, limits, STDERR_TAIL_BYTES, started) {
-                Ok(outputs) => outputs,
-                Err(e) => {
-                    let why = format!("failed to set up store: {e:#}");
-                    return (Err(Outcome::RunnerError(why)), outputs(limits));
+        match pool.take(key) {
+            Found::NotReusable => return self.run_fresh(pre, input, limits, started, cancel).await,
+            Found::Nothing => {}
+            Found::Kept(mut warm) => {
+                let outputs = match warm.renew(input, limits, STDERR_TAIL_BYTES, started) {
+                    Ok(outputs) => outputs,
+                    Err(e) => {
+                        let why = format!("failed to set up store: {e:#}");
+                        return (Err(Outcome::RunnerError(why)), outputs(limits));
+                    }
+                };
+                let run = run_again(&warm.command, &mut warm.store);
+                let ending = within(limits, cancel, run).await;
+                let refused_entry = matches!(ending, Ending::CallFailed(_))
+                    && !warm.store.data().wasi.stdin_was_read();
+                if !refused_entry {
+                    let ran = ran_of(&mut warm.store, ending);
+                    pool.give_back(key, tasks, warm, &ran.ending);
+                    return (Ok(ran), outputs);
                 }
-            };
-            let ending = within(limits, cancel, run_again(&warm.command, &mut warm.store)).await;
-            let refused_entry =
-                matches!(ending, Ending::CallFailed(_)) && !warm.store.data().wasi.stdin_was_read();
-            if !refused_entry {
-                let ran = ran_of(&mut warm.store, ending);
-                pool.give_back(reuse, sha256, warm, &ran.ending);
-                return (Ok(ran), outputs);
+                pool.refuse(key);
+                drop(warm);
             }
-            pool.refuse(reuse, sha256);
-            drop(warm);
         }
         let (stdout, stderr) = outputs(limits);
         let entry = Keep { pre, command: Mutex::new(None) };
         let wasi = || ComponentWasi::new(input, &stdout, &stderr);
-        let ran = match self
+        let ran = self
             .attempt(&entry, wasi, StoreShape::COMPONENT, limits, started, cancel)
             .await
-        {
-            Ok((mut store, ending)) => {
+            .map(|(mut store, ending)| {
                 let ran = ran_of(&mut store, ending);
                 let command = entry.command.into_inner().unwrap_or_else(PoisonError::into_inner);
                 if let Some(command) = command {
-                    pool.give_back(reuse, sha256, Warm::new(store, command), &ran.ending);
+                    pool.give_back(key, tasks, Warm::new(store, command), &ran.ending);
                 }
-                Ok(ran)
-            }
-            Err(outcome) => Err(outcome),
-        };
+                ran
+            });
         (ran, (stdout, stderr))
     }
 

@@ -49,7 +49,17 @@ use super::store::{arm, Reuse, TaskInput};
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// (scope, module sha256).
-type Key = (String, String);
+pub(super) type Key = (String, String);
+
+/// What [`WarmPool::take`] found for a run.
+pub(super) enum Found {
+    /// An idle instance, now the run's.
+    Kept(Warm),
+    /// None idle: the run starts a fresh instance, which may be kept.
+    Nothing,
+    /// The module refuses a second run: a fresh instance, never kept.
+    NotReusable,
+}
 
 /// One kept instance between tasks.
 pub(crate) struct Warm {
@@ -121,43 +131,48 @@ impl WarmPool {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn key(reuse: &Reuse, sha256: &str) -> Key {
+    /// The key of `reuse`'s instances of the module with `sha256`: made once per run.
+    pub(super) fn key(reuse: &Reuse, sha256: &str) -> Key {
         (reuse.scope.clone(), sha256.to_owned())
     }
 
-    /// Whether instances of this key may be kept.
-    pub(super) fn reusable(&self, reuse: &Reuse, sha256: &str) -> bool {
-        !self.lock().not_reusable.contains(&Self::key(reuse, sha256))
-    }
-
-    /// The most recently used idle instance of this key, if any.
-    pub(super) fn take(&self, reuse: &Reuse, sha256: &str) -> Option<Warm> {
-        let warm = self.lock().idle.get_mut(&Self::key(reuse, sha256))?.pop();
-        if warm.is_some() {
-            self.reused.fetch_add(1, Ordering::Relaxed);
+    /// What a run of `key` starts on: the most recently used idle instance, a fresh one that
+    /// may be kept, or a fresh one that may not (its module refused a second run). One look.
+    pub(super) fn take(&self, key: &Key) -> Found {
+        let found = {
+            let mut state = self.lock();
+            if state.not_reusable.contains(key) {
+                return Found::NotReusable;
+            }
+            state.idle.get_mut(key).and_then(Vec::pop)
+        };
+        match found {
+            Some(warm) => {
+                self.reused.fetch_add(1, Ordering::Relaxed);
+                Found::Kept(warm)
+            }
+            None => Found::Nothing,
         }
-        warm
     }
 
-    /// Marks this key not reusable: its instance refused a second run.
-    pub(super) fn refuse(&self, reuse: &Reuse, sha256: &str) {
-        let key = Self::key(reuse, sha256);
+    /// Marks `key` not reusable: its instance refused a second run.
+    pub(super) fn refuse(&self, key: &Key) {
         let gone = {
             let mut state = self.lock();
             state.not_reusable.insert(key.clone());
-            state.idle.remove(&key)
+            state.idle.remove(key)
         };
         self.refused.fetch_add(1, Ordering::Relaxed);
         drop(gone);
     }
 
     /// After a task on `warm`: back to the pool if it `ended` cleanly, holds no `wasi:http`
-    /// resource, has runs left under `reuse.tasks` and its key is reusable; dropped
-    /// otherwise.
+    /// resource and too few resources to be leaking, has run fewer than `tasks` tasks and
+    /// `key` is reusable; dropped otherwise.
     pub(super) fn give_back(
         self: &Arc<Self>,
-        reuse: &Reuse,
-        sha256: &str,
+        key: &Key,
+        tasks: u32,
         mut warm: Warm,
         ending: &Ending,
     ) {
@@ -166,18 +181,23 @@ impl WarmPool {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if warm.tasks >= reuse.tasks {
+        if warm.tasks >= tasks {
             return;
         }
         warm.idle_since = Instant::now();
-        let key = Self::key(reuse, sha256);
         {
             let mut state = self.lock();
-            if state.not_reusable.contains(&key) {
+            if state.not_reusable.contains(key) {
                 drop(state);
                 return;
             }
-            state.idle.entry(key).or_default().push(warm);
+            // The key is cloned only for the first instance it keeps: `take` leaves its list.
+            match state.idle.get_mut(key) {
+                Some(list) => list.push(warm),
+                None => {
+                    state.idle.insert(key.clone(), vec![warm]);
+                }
+            }
         }
         self.kept.fetch_add(1, Ordering::Relaxed);
         self.sweep_while_idle();
