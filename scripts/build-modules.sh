@@ -97,6 +97,11 @@ if [ "${#components[@]}" -gt 0 ]; then
   echo "Wasm components in $out:"
   for name in "${components[@]}"; do
     wasm="$out/$name.wasm"
+    # A library component (a `cdylib`) comes out under the crate's name, `-` as `_`.
+    lib="$out/${name//-/_}.wasm"
+    if [ -f "$lib" ] && { [ ! -f "$wasm" ] || [ "$lib" -nt "$wasm" ]; }; then
+      cp "$lib" "$wasm"
+    fi
     if [ ! -f "$wasm" ]; then
       echo "build-modules: expected $wasm after the build" >&2
       exit 1

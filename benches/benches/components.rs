@@ -4,9 +4,11 @@
 //! run with `cargo bench -p sweep-benches --bench components` (after `scripts/build-modules.sh`,
 //! which builds the Rust, Python and JavaScript guests)
 //!
-//! - `components/pooled/{module_noop,component_noop}`: `Sandbox::run` of the Rust no-op as a
-//!   preview-1 module (`modules/noop`, the SDK) and as a component (`components/component-noop`,
-//!   the same work: read the payload, parse it, write `{}`), in the same run; the target is
+//! - `components/pooled/{module_noop,component_noop,component_noop_kept}`: `Sandbox::run` of
+//!   the Rust no-op as a preview-1 module (`modules/noop`, the SDK) and as a component
+//!   (`components/component-noop`, the same work: read the payload, parse it, write `{}`), in
+//!   the same run, the component on a fresh instance per task and on a kept one (up to
+//!   `DEFAULT_REUSE` tasks each, what an upload without `reuse` gets); the target is
 //!   component / module ≤ 1.5;
 //! - `components/big/{python_hello,js_hello}/{image,no_image,kept}`: `Sandbox::run` of the
 //!   componentize-py and componentize-js hello guests (`guests/python-hello`, `guests/js-hello`,
@@ -40,16 +42,24 @@ fn noops(c: &mut Criterion) {
     let sandbox = Sandbox::new(SandboxConfig::default()).expect("sandbox");
     let mut group = c.benchmark_group("components/pooled");
     group.throughput(Throughput::Elements(1));
-    for (name, bytes) in
-        [("module_noop", noop_wasm()), ("component_noop", component_bytes("component-noop"))]
-    {
+    // At the upload's default a component keeps its instance for this many tasks.
+    let tasks = u32::try_from(sweep::queue::DEFAULT_REUSE).expect("positive");
+    let kept = Some(Reuse { scope: "noop".to_owned(), tasks });
+    let component = component_bytes("component-noop");
+    for (name, bytes, reuse) in [
+        ("module_noop", noop_wasm(), None),
+        ("component_noop", component.clone(), None),
+        ("component_noop_kept", component, kept),
+    ] {
         let handler = sandbox.compile(&bytes).expect("compile");
+        let input = TaskInput { reuse, ..input.clone() };
         let first = rt.block_on(sandbox.run(&handler, &input, &limits));
         assert!(matches!(first.outcome, Outcome::Success(_)), "{name}: {first:?}");
         group.bench_function(name, |b| {
             b.to_async(&rt).iter(|| sandbox.run(&handler, &input, &limits))
         });
     }
+    assert!(sandbox.warm_stats().reused > 0, "{:?}", sandbox.warm_stats());
     group.finish();
 }
 

@@ -66,6 +66,9 @@ pub const MODULE_ARTIFACTS_REFUSED: &str = "sweep_module_artifacts_refused_total
 
 /// Counter, label [`LABEL_TENANT`]: attempts that ran, per tenant (usage, for billing).
 pub const TENANT_ATTEMPTS: &str = "sweep_tenant_attempts_total";
+/// Counter, label [`LABEL_TENANT`]: of those, attempts that ran on an instance an earlier task
+/// of their version left (`reuse`); the rest started a fresh one.
+pub const TENANT_ATTEMPTS_KEPT: &str = "sweep_tenant_attempts_on_kept_instances_total";
 /// Counter, label [`LABEL_TENANT`]: wall-clock milliseconds of the tenant's attempts.
 pub const TENANT_WALL: &str = "sweep_tenant_wall_milliseconds_total";
 /// Counter, label [`LABEL_TENANT`]: fuel the tenant's attempts used.
@@ -185,6 +188,11 @@ fn describe() {
         "Stored artifacts refused by their checks and compiled again."
     );
     describe_counter!(TENANT_ATTEMPTS, Unit::Count, "Attempts that ran, by tenant.");
+    describe_counter!(
+        TENANT_ATTEMPTS_KEPT,
+        Unit::Count,
+        "Attempts that ran on an instance kept from an earlier task, by tenant."
+    );
     describe_counter!(TENANT_WALL, Unit::Milliseconds, "Wall-clock time of attempts, by tenant.");
     describe_counter!(TENANT_FUEL, Unit::Count, "Fuel attempts used, by tenant.");
     describe_counter!(TENANT_HTTP_REQUESTS, Unit::Count, "Outbound HTTP requests, by tenant.");

@@ -9,7 +9,7 @@ use admin_support::*;
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sweep::admin::AdminConfig;
-use sweep::queue::TenantCaps;
+use sweep::queue::{self, TenantCaps};
 
 const OP: Option<&str> = Some(OPERATOR);
 
@@ -186,16 +186,21 @@ async fn a_component_may_keep_its_instances_and_a_module_may_not(
     let db = migrated(db).await;
     let api = api(&db);
     let bytes = sweep_dev::modules::component_bytes("component-noop");
-    let fresh = api.put_wasm("/v1/modules/noop", OP, &bytes).await.ok(201).clone();
-    assert_eq!(fresh["reuse"], serde_json::Value::Null);
+    // A component keeps its instances unless its upload says otherwise.
+    let default = api.put_wasm("/v1/modules/noop", OP, &bytes).await.ok(201).clone();
+    assert_eq!(default["reuse"], json!(queue::DEFAULT_REUSE));
+    let explicit = format!("/v1/modules/noop?reuse={}", queue::DEFAULT_REUSE);
+    assert_eq!(api.put_wasm(&explicit, OP, &bytes).await.ok(200)["version"], 1);
     // Another count is another version; the same count, the same version.
     let kept = api.put_wasm("/v1/modules/noop?reuse=50", OP, &bytes).await.ok(201).clone();
     assert_eq!((kept["version"].clone(), kept["reuse"].clone()), (json!(2), json!(50)));
     let again = api.put_wasm("/v1/modules/noop?reuse=50", OP, &bytes).await;
     assert_eq!(again.ok(200)["version"], 2);
+    let fresh = api.put_wasm("/v1/modules/noop?reuse=1", OP, &bytes).await.ok(201).clone();
+    assert_eq!((fresh["version"].clone(), fresh["reuse"].clone()), (json!(3), json!(1)));
     let listed = api.get("/v1/modules/noop", OP).await.ok(200).clone();
     let reuse: Vec<_> = listed["modules"].as_array().unwrap().iter().map(|m| &m["reuse"]).collect();
-    assert_eq!(reuse, [&json!(50), &json!(null)]);
+    assert_eq!(reuse, [&json!(1), &json!(50), &json!(queue::DEFAULT_REUSE)]);
 
     for bad in ["reuse=0", "reuse=-1", "reuse=abc", "reuse=1000001", "reuse=1&reuse=2"] {
         let a = api.put_wasm(&format!("/v1/modules/noop?{bad}"), OP, &bytes).await;
@@ -206,6 +211,8 @@ async fn a_component_may_keep_its_instances_and_a_module_may_not(
     a.expect(422, "reuse_needs_component");
     assert!(a.message().contains("preview-1 module"), "{}", a.message());
     api.get("/v1/modules/wc", OP).await.expect(404, "not_found");
+    let plain = api.put_wasm("/v1/modules/wc", OP, &module("wordcount")).await.ok(201).clone();
+    assert_eq!(plain["reuse"], serde_json::Value::Null);
 }
 
 #[sqlx::test(migrations = false)]

@@ -327,21 +327,67 @@ async fn idle_instances_give_their_slots_to_new_runs() {
     assert_eq!(sb.warm_idle(), 2);
 }
 
-/// A command whose entry runs once (Rust's `wasm32-wasip2` std) refuses a second `run`: its
-/// scope is marked not reusable and every task still succeeds, each on a fresh instance.
+/// A command whose entry runs once (Rust's `fn main` on `wasm32-wasip2`, component-probe)
+/// refuses a second `run`: its scope is marked not reusable and every task still succeeds,
+/// each on a fresh instance. A Rust component that exports `run` itself (component-noop) is
+/// kept like a Python one.
 #[tokio::test]
 async fn a_command_that_runs_once_is_run_fresh_every_time() {
     let sb = Sandbox::new(SandboxConfig::default()).expect("sandbox builds");
-    let module = sb.compile(&sweep_dev::modules::component_bytes("component-noop")).expect("ok");
+    let probe = sb.compile(&component_bytes("component-probe")).expect("compiles");
     let before = sb.warm_stats();
     for attempt in 1..=4 {
-        let task = warm_input("t/noop/1", 100, &json!({}), attempt);
-        success("component-noop", &sb.run(&module, &task, &limits()).await);
+        let task = warm_input("t/probe/1", 100, &json!({"do": "echo", "n": attempt}), attempt);
+        let exec = sb.run(&probe, &task, &limits()).await;
+        assert_eq!(success("component-probe", &exec)["n"], attempt);
     }
     let stats = moved(&sb, before);
     // Kept after the first task, refused on the second, never kept again.
     assert_eq!((stats.kept, stats.refused, stats.reused), (1, 1, 1), "{stats:?}");
     assert_eq!(sb.warm_idle(), 0);
+
+    let noop = sb.compile(&component_bytes("component-noop")).expect("compiles");
+    let before = sb.warm_stats();
+    for attempt in 1..=4 {
+        let task = warm_input("t/noop/1", 100, &json!({"n": attempt}), attempt);
+        assert_eq!(success("component-noop", &sb.run(&noop, &task, &limits()).await), &json!({}));
+    }
+    let bad = warm_input("t/noop/1", 100, &json!("x"), 5);
+    let bad = TaskInput { payload: b"not json".to_vec(), ..bad };
+    let exec = sb.run(&noop, &bad, &limits()).await;
+    assert!(permanent_message("component-noop", &exec).contains("not JSON"), "{exec:?}");
+    let stats = moved(&sb, before);
+    assert_eq!((stats.kept, stats.refused, stats.reused, stats.dropped), (4, 0, 4, 1), "{stats:?}");
+}
+
+/// A failure on a kept instance is the task's own, even one before the guest read stdin:
+/// running out of fuel there ends the task (it is not run again on a fresh instance) and the
+/// instance, and the version keeps instances afterwards. Only a command's refused entry (the
+/// test above) is taken for "this guest cannot run twice".
+#[tokio::test]
+async fn a_kept_instance_that_runs_out_of_fuel_fails_the_task_once() {
+    let config = SandboxConfig { compile: runtime_compile_limits(), ..SandboxConfig::default() };
+    let sb = Sandbox::new(config).expect("sandbox builds");
+    for name in HELLOS {
+        let module = sb.compile(&guest_bytes(name)).expect("compiles");
+        let scope = format!("tenant-a/{name}/1");
+        let before = sb.warm_stats();
+        let exec = sb.run(&module, &warm_input(&scope, 100, &json!({}), 1), &limits()).await;
+        success(name, &exec);
+        // An interpreter spends far more than this before the handler reads stdin.
+        let starved = Limits { fuel: 1_000, ..limits() };
+        let exec = sb.run(&module, &warm_input(&scope, 100, &json!({}), 2), &starved).await;
+        assert_eq!(exec.outcome, Outcome::OutOfFuel, "{name}: {}", exec.stderr);
+        let stats = moved(&sb, before);
+        assert_eq!((stats.reused, stats.dropped, stats.refused), (1, 1, 0), "{name}: {stats:?}");
+        // The next task starts a fresh instance, which the one after it finds.
+        for attempt in 3..=4 {
+            let exec =
+                sb.run(&module, &warm_input(&scope, 100, &json!({}), attempt), &limits()).await;
+            assert_eq!(success(name, &exec)["attempt"], attempt);
+        }
+        assert_eq!(moved(&sb, before).reused, 2, "{name}");
+    }
 }
 
 /// An HTTP task on a kept instance: each task's requests are counted as its own, and the

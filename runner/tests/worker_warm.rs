@@ -1,6 +1,6 @@
 //! Kept instances through a real runner: a module version uploaded with `reuse` runs its
-//! tasks on one instance (each with its own payload and attempt), and a version without it
-//! on a fresh instance each. The guest is the componentize-js hello (`scripts/build-guests.sh`),
+//! tasks on one instance (each with its own payload and attempt), and a version with
+//! `reuse=1` on a fresh instance each. The guest is the componentize-js hello (`scripts/build-guests.sh`),
 //! whose `run` may be called again; `sandbox_polyglot.rs` covers what ends an instance.
 
 #![allow(clippy::unwrap_used)]
@@ -41,8 +41,14 @@ async fn a_version_with_reuse_runs_its_tasks_on_one_instance(
     queue::register_module_with(&pool, "default", "kept", &sha, &bytes, &settings, &kept)
         .await
         .unwrap();
-    queue::register_module(&pool, "default", "fresh", &sha, &bytes, &settings).await.unwrap();
+    // One task per instance: how an upload asks for fresh instances (`reuse=1`).
+    let fresh = UploadOptions { reuse: Some(1), ..UploadOptions::default() };
+    queue::register_module_with(&pool, "default", "fresh", &sha, &bytes, &settings, &fresh)
+        .await
+        .unwrap();
 
+    // This binary's one test: the process-wide recorder counts its tasks alone.
+    let metrics = sweep::metrics::install().unwrap();
     let config = config();
     let sandbox = Sandbox::new(config.sandbox.clone()).unwrap();
     let runner = run_worker(Worker::with_sandbox(&db.runner, sandbox.clone(), config).unwrap());
@@ -66,4 +72,15 @@ async fn a_version_with_reuse_runs_its_tasks_on_one_instance(
         assert_eq!(reused, u64::from(expected), "{task_type}: {after:?}");
     }
     runner.stop().await;
+    // Usage per tenant tells kept attempts from all attempts.
+    let text = metrics.render();
+    for line in [
+        format!("sweep_tenant_attempts_total{{tenant=\"default\"}} {}", 2 * TASKS),
+        format!(
+            "sweep_tenant_attempts_on_kept_instances_total{{tenant=\"default\"}} {}",
+            TASKS - 1
+        ),
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+    }
 }

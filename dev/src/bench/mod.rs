@@ -79,7 +79,7 @@ pub struct BenchArgs {
     #[arg(long, global = true, value_enum, default_value_t = Guest::Rust)]
     pub guest: Guest,
     /// Upload the guest with `reuse` (a component: each kept instance runs up to this many
-    /// tasks). Default: a fresh instance for every task.
+    /// tasks; 1: a fresh instance for every task). Default: as an upload through the API.
     #[arg(long, global = true)]
     pub reuse: Option<i32>,
 }
@@ -181,7 +181,10 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         &sha256_hex(&noop),
         &noop,
         &ModuleSettings::default(),
-        &queue::UploadOptions { reuse: args.reuse, ..queue::UploadOptions::default() },
+        &queue::UploadOptions {
+            reuse: queue::upload_reuse(&noop, args.reuse),
+            ..queue::UploadOptions::default()
+        },
     )
     .await?;
     match mode {

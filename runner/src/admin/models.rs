@@ -387,7 +387,8 @@ pub struct UploadResponse {
     pub limits: EffectiveLimits,
     /// The tenant secrets this version receives as environment variables.
     pub secrets: Vec<String>,
-    /// Most tasks one kept instance runs (`null`: a fresh instance for every task).
+    /// Most tasks one kept instance runs (`1` or `null`: a fresh instance for every task;
+    /// `null` for preview-1 modules and components stored before kept instances existed).
     #[schema(required)]
     pub reuse: Option<i32>,
 }

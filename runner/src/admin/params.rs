@@ -242,8 +242,8 @@ pub struct SecretsParam {
 pub struct ReuseParam {
     /// Keep a component's instance after a task that returned cleanly and run up to this
     /// many tasks of this version on it (a task then sees what earlier ones left in the
-    /// guest's memory; docs/guests.md). Absent: a fresh instance for every task. Components
-    /// only (a preview-1 module: 422).
+    /// guest's memory; docs/guests.md). Absent: 1000 for a component. 1: a fresh instance for
+    /// every task. Components only (a preview-1 module: 422).
     #[param(nullable = false, minimum = 1, maximum = 1000000)]
     pub reuse: Option<i32>,
 }

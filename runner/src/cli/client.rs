@@ -160,8 +160,8 @@ pub struct UploadArgs {
     #[arg(long, value_delimiter = ',')]
     pub secrets: Vec<String>,
     /// Keep a component's instance after a task that returned cleanly and run up to this
-    /// many tasks on it (tasks then share the guest's memory; docs/guests.md). Default: a
-    /// fresh instance for every task.
+    /// many tasks on it (tasks then share the guest's memory; docs/guests.md). Default for a
+    /// component: 1000; 1 gives every task a fresh instance. Not for preview-1 modules.
     #[arg(long)]
     pub reuse: Option<u64>,
     /// (Operator) upload for this tenant instead of `default`.
@@ -270,8 +270,10 @@ async fn upload(args: UploadArgs) -> anyhow::Result<()> {
         let names: Vec<String> = names.iter().map(print::cell).collect();
         println!("secrets (as environment variables): {}", names.join(", "));
     }
-    if let Some(tasks) = a["reuse"].as_i64() {
-        println!("instances kept: up to {tasks} tasks each");
+    match a["reuse"].as_i64() {
+        Some(1) => println!("instances: a fresh one for every task"),
+        Some(tasks) => println!("instances kept: up to {tasks} tasks each"),
+        None => {}
     }
     if compiling {
         println!(

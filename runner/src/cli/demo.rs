@@ -211,7 +211,8 @@ pub async fn register_example_with_secrets(
     })?;
     sandbox.validate_module(&bytes).with_context(|| format!("validating {}", path.display()))?;
     let sha256 = sha256_hex(&bytes);
-    let options = queue::UploadOptions { secrets: secrets.to_vec(), reuse: None };
+    let reuse = queue::upload_reuse(&bytes, None);
+    let options = queue::UploadOptions { secrets: secrets.to_vec(), reuse };
     let reg =
         queue::register_module_with(pool, tenant, task_type, &sha256, &bytes, settings, &options)
             .await

@@ -230,7 +230,8 @@ pub use minutes::{
 };
 pub use modules::{
     activate_version, active_module_shas, list_versions, module_bytes, register_module,
-    register_module_with, ModuleSettings, ModuleVersion, Registered, UploadOptions,
+    register_module_with, upload_reuse, ModuleSettings, ModuleVersion, Registered, UploadOptions,
+    DEFAULT_REUSE,
 };
 pub use notify::{CancelRequest, Wakeups, CANCEL_CHANNEL, NOTIFY_CHANNEL};
 pub use pooler::{Conn, Connects};

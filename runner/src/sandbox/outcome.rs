@@ -172,6 +172,8 @@ pub struct Execution {
     /// What the run used: fuel (instantiation included), peak memory, HTTP requests and
     /// bytes. Zero for a run that never started.
     pub usage: Usage,
+    /// The run used an instance an earlier task of its version left (`reuse`).
+    pub on_kept_instance: bool,
 }
 
 impl Execution {
@@ -436,6 +438,7 @@ mod tests {
             stderr_truncated: false,
             duration: Duration::ZERO,
             usage: Usage::default(),
+            on_kept_instance: false,
         };
         assert_eq!(
             exec.failure_message().as_deref(),

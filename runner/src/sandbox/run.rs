@@ -118,6 +118,7 @@ impl Sandbox {
             stderr_truncated: err.overflowed,
             duration: started.elapsed(),
             usage: Usage { fuel_used: limits.fuel.saturating_sub(ran.fuel_left), ..ran.usage },
+            on_kept_instance: ran.kept,
         }
     }
 
@@ -168,10 +169,8 @@ impl Sandbox {
                 };
                 let run = run_again(&warm.command, &mut warm.store);
                 let ending = within(limits, cancel, run).await;
-                let refused_entry = matches!(ending, Ending::CallFailed(_))
-                    && !warm.store.data().wasi.stdin_was_read();
-                if !refused_entry {
-                    let ran = ran_of(&mut warm.store, ending);
+                if !refused_second_run(&warm.store, &ending) {
+                    let ran = Ran { kept: true, ..ran_of(&mut warm.store, ending) };
                     pool.give_back(key, tasks, warm, &ran.ending);
                     return (Ok(ran), outputs);
                 }
@@ -275,7 +274,24 @@ fn ran_of<W: Guest>(store: &mut Store<TaskState<W>>, ending: Ending) -> Ran {
         deadline_hit: state.deadline_hit,
         memory_denied: state.limiter.memory_denied,
         usage,
+        kept: false,
     }
+}
+
+/// Whether a kept instance refused to run again: its `run` trapped on `unreachable` before
+/// the guest read stdin or asked for any HTTP, which is how wasi-libc's command entry (Rust
+/// `fn main`, C `main`) refuses a second call. Any other failure (out of fuel, a deadline, a
+/// trap after the guest did something) is the task's own ending: the task is not run again,
+/// so nothing it did outside can happen twice.
+fn refused_second_run(store: &Store<ComponentState>, ending: &Ending) -> bool {
+    let Ending::CallFailed(e) = ending else { return false };
+    let wasi = &store.data().wasi;
+    let mut usage = Usage::default();
+    wasi.add_usage(&mut usage);
+    e.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::UnreachableCodeReached)
+        && !wasi.stdin_was_read()
+        && usage.http_requests == 0
+        && usage.http_refused == 0
 }
 
 /// What a run that reached the guest left behind.
@@ -286,6 +302,8 @@ struct Ran {
     memory_denied: bool,
     /// Peak memory and, for a component, HTTP; fuel is filled in by the caller.
     usage: Usage,
+    /// On an instance an earlier task left.
+    kept: bool,
 }
 
 /// A guest's WASI state, as far as a run needs to know it.
@@ -381,5 +399,6 @@ fn finish(outcome: Outcome, stderr: &BoundedOutput, started: Instant) -> Executi
         stderr_truncated: err.overflowed,
         duration: started.elapsed(),
         usage: Usage::default(),
+        on_kept_instance: false,
     }
 }

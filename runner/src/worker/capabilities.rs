@@ -180,7 +180,8 @@ fn grant(
     }
     let redactor = Redactor::new(&env);
     let capabilities = Capabilities { egress: Arc::new(egress), http, env };
-    let reuse = rows.reuse.and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 0);
+    // One task per instance is a fresh instance per task: no pool needed.
+    let reuse = rows.reuse.and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 1);
     Granted::Given { capabilities, redactor, reuse }
 }
 
@@ -262,6 +263,8 @@ mod tests {
             grant("acme", Some(reusing), None),
             Granted::Given { reuse: Some(50), .. }
         ));
+        let fresh = TaskCapabilityRows { reuse: Some(1), ..rows(&[], vec![]) };
+        assert!(matches!(grant("acme", Some(fresh), None), Granted::Given { reuse: None, .. }));
     }
 
     #[test]
@@ -277,6 +280,7 @@ mod tests {
             stderr_truncated: false,
             duration: Duration::ZERO,
             usage: crate::sandbox::Usage::default(),
+            on_kept_instance: false,
         };
         redact(&mut e, &redactor);
         assert_eq!(e.stderr, "sending [redacted:K]\n");

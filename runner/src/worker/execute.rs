@@ -232,6 +232,7 @@ fn not_run(outcome: Outcome) -> Execution {
         stderr_truncated: false,
         duration: Duration::ZERO,
         usage: Usage::default(),
+        on_kept_instance: false,
     }
 }
 
@@ -266,12 +267,15 @@ fn record(task: &ClaimedTask, execution: &Execution, stopped_in: Option<Duration
 /// refused its secrets.
 fn count_usage(tenant: &str, execution: &Execution) {
     use crate::metrics::{
-        LABEL_TENANT, TENANT_ATTEMPTS, TENANT_BYTES_RECEIVED, TENANT_BYTES_SENT, TENANT_FUEL,
-        TENANT_HTTP_REFUSED, TENANT_HTTP_REQUESTS, TENANT_WALL,
+        LABEL_TENANT, TENANT_ATTEMPTS, TENANT_ATTEMPTS_KEPT, TENANT_BYTES_RECEIVED,
+        TENANT_BYTES_SENT, TENANT_FUEL, TENANT_HTTP_REFUSED, TENANT_HTTP_REQUESTS, TENANT_WALL,
     };
     let u = &execution.usage;
     let t = || tenant.to_owned();
     metrics::counter!(TENANT_ATTEMPTS, LABEL_TENANT => t()).increment(1);
+    if execution.on_kept_instance {
+        metrics::counter!(TENANT_ATTEMPTS_KEPT, LABEL_TENANT => t()).increment(1);
+    }
     metrics::counter!(TENANT_FUEL, LABEL_TENANT => t()).increment(u.fuel_used);
     metrics::counter!(TENANT_HTTP_REQUESTS, LABEL_TENANT => t()).increment(u.http_requests.into());
     metrics::counter!(TENANT_HTTP_REFUSED, LABEL_TENANT => t()).increment(u.http_refused.into());

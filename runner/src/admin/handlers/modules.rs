@@ -114,7 +114,7 @@ where
              `reuse`",
         ));
     }
-    let options = UploadOptions { secrets, reuse };
+    let options = UploadOptions { secrets, reuse: queue::upload_reuse(&bytes, reuse) };
     let sha256 = sha256_hex(&bytes);
     let (registered, imports) =
         match validate(&state, &tenant, &sha256, bytes.clone(), limits.memory_bytes).await? {
