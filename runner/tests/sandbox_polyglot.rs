@@ -38,11 +38,14 @@ const SENDERS: [&str; 2] = [PYTHON_SEND, JS_FETCH];
 
 fn sandbox() -> &'static Sandbox {
     static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
-    SANDBOX.get_or_init(|| {
-        let config =
-            SandboxConfig { compile: runtime_compile_limits(), ..SandboxConfig::default() };
-        Sandbox::new(config).expect("sandbox builds")
-    })
+    SANDBOX.get_or_init(sandbox_of_its_own)
+}
+
+/// A sandbox with the compile limits a language runtime needs; a test that counts kept
+/// instances makes its own, so the counters are its alone (its guests compiled again).
+fn sandbox_of_its_own() -> Sandbox {
+    let config = SandboxConfig { compile: runtime_compile_limits(), ..SandboxConfig::default() };
+    Sandbox::new(config).expect("sandbox builds")
 }
 
 fn limits() -> Limits {
@@ -258,12 +261,10 @@ fn moved(sb: &Sandbox, before: WarmStats) -> WarmStats {
     }
 }
 
-/// Kept instances, on a sandbox of their own so the pool's counters are this test's alone
-/// (the guests are compiled for it again).
+/// Kept instances, on a sandbox of their own.
 #[tokio::test]
 async fn warm_instances_run_each_task_as_its_own_and_are_dropped_after_any_other_ending() {
-    let config = SandboxConfig { compile: runtime_compile_limits(), ..SandboxConfig::default() };
-    let sb = Sandbox::new(config).expect("sandbox builds");
+    let sb = sandbox_of_its_own();
     for name in HELLOS {
         let module = sb.compile(&guest_bytes(name)).expect("compiles");
         let scope = format!("tenant-a/{name}/1");
@@ -366,8 +367,7 @@ async fn a_command_that_runs_once_is_run_fresh_every_time() {
 /// test above) is taken for "this guest cannot run twice".
 #[tokio::test]
 async fn a_kept_instance_that_runs_out_of_fuel_fails_the_task_once() {
-    let config = SandboxConfig { compile: runtime_compile_limits(), ..SandboxConfig::default() };
-    let sb = Sandbox::new(config).expect("sandbox builds");
+    let sb = sandbox_of_its_own();
     for name in HELLOS {
         let module = sb.compile(&guest_bytes(name)).expect("compiles");
         let scope = format!("tenant-a/{name}/1");
@@ -396,8 +396,7 @@ async fn a_kept_instance_that_runs_out_of_fuel_fails_the_task_once() {
 /// so every js-fetch task ends its instance.
 #[tokio::test]
 async fn warm_senders_count_each_tasks_requests_as_its_own() {
-    let config = SandboxConfig { compile: runtime_compile_limits(), ..SandboxConfig::default() };
-    let sb = Sandbox::new(config).expect("sandbox builds");
+    let sb = sandbox_of_its_own();
     let kept = [(PYTHON_SEND, (3, 3, 1)), (JS_FETCH, (0, 0, 4))];
     for (name, expected) in kept {
         let module = sb.compile(&guest_bytes(name)).expect("compiles");
@@ -482,8 +481,7 @@ async fn measure_python_and_js_against_rust() {
 /// its instance.
 #[tokio::test]
 async fn a_guest_that_leaks_handles_gets_a_fresh_instance_past_the_bound() {
-    let config = SandboxConfig { compile: runtime_compile_limits(), ..SandboxConfig::default() };
-    let sb = Sandbox::new(config).expect("sandbox builds");
+    let sb = sandbox_of_its_own();
     for (name, leaks) in [(PYTHON_HELLO, false), (JS_HELLO, true)] {
         let module = sb.compile(&guest_bytes(name)).expect("compiles");
         let before = sb.warm_stats();
