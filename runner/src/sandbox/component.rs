@@ -105,9 +105,10 @@ impl ComponentWasi {
         (self.stdout.clone(), self.stderr.clone())
     }
 
-    /// Whether the guest read stdin during this task.
-    pub(crate) fn stdin_was_read(&self) -> bool {
-        self.stdin.was_read()
+    /// Whether the guest did anything this task that reached past its instance: read stdin,
+    /// or asked for an HTTP request (refused ones included).
+    pub(crate) fn reached_outside(&self) -> bool {
+        self.stdin.was_read() || self.egress.asked() > 0
     }
 
     /// Whether the instance may run another task: it holds no `wasi:http` request, response,

@@ -86,6 +86,11 @@ impl Egress {
         }
     }
 
+    /// Requests the guest asked for so far, refused ones included.
+    pub(crate) fn asked(&self) -> u32 {
+        self.counters.asked.load(Ordering::Relaxed)
+    }
+
     /// Adds what the run's requests used so far to `usage`.
     pub(crate) fn add_usage(&self, usage: &mut Usage) {
         let c = &self.counters;

@@ -285,13 +285,8 @@ fn ran_of<W: Guest>(store: &mut Store<TaskState<W>>, ending: Ending) -> Ran {
 /// so nothing it did outside can happen twice.
 fn refused_second_run(store: &Store<ComponentState>, ending: &Ending) -> bool {
     let Ending::CallFailed(e) = ending else { return false };
-    let wasi = &store.data().wasi;
-    let mut usage = Usage::default();
-    wasi.add_usage(&mut usage);
     e.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::UnreachableCodeReached)
-        && !wasi.stdin_was_read()
-        && usage.http_requests == 0
-        && usage.http_refused == 0
+        && !store.data().wasi.reached_outside()
 }
 
 /// What a run that reached the guest left behind.
