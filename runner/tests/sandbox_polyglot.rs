@@ -390,6 +390,43 @@ async fn a_kept_instance_that_runs_out_of_fuel_fails_the_task_once() {
     }
 }
 
+/// A kept instance is held to each task's own wall clock: a task that spins on it ends
+/// `Timeout` at its deadline (not when its fuel runs out, which here would take many minutes),
+/// the instance ends with it, and the next task starts a fresh one (what the old one counted is
+/// gone), which is kept in turn.
+#[tokio::test]
+async fn a_kept_instance_that_spins_is_stopped_at_its_deadline_and_dropped() {
+    let sb = sandbox_of_its_own();
+    let kept = sb.compile(&component_bytes("component-kept")).expect("compiles");
+    let scope = "tenant-a/component-kept/1";
+    let count = |attempt| warm_input(scope, 100, &json!({}), attempt);
+    let before = sb.warm_stats();
+    for (attempt, calls) in [(1, 1), (2, 2)] {
+        let exec = sb.run(&kept, &count(attempt), &limits()).await;
+        assert_eq!(success("component-kept", &exec), &json!({ "calls": calls }));
+    }
+
+    let timeout = Duration::from_millis(300);
+    let deadline = Limits { fuel: 1_000_000_000_000, timeout, ..limits() };
+    let spin = warm_input(scope, 100, &json!({"do": "spin"}), 3);
+    let started = Instant::now();
+    let exec = sb.run(&kept, &spin, &deadline).await;
+    let took = started.elapsed();
+    assert_eq!(exec.outcome, Outcome::Timeout, "{}", exec.stderr);
+    assert!(exec.on_kept_instance, "the spinning task ran on the kept instance");
+    assert!(took >= timeout && took < Duration::from_secs(10), "stopped after {took:?}");
+    let stats = moved(&sb, before);
+    assert_eq!((stats.reused, stats.dropped, stats.refused), (2, 1, 0), "{stats:?}");
+    assert_eq!(sb.warm_idle(), 0);
+
+    for (attempt, calls) in [(4, 1), (5, 2)] {
+        let exec = sb.run(&kept, &count(attempt), &limits()).await;
+        assert_eq!(success("component-kept", &exec), &json!({ "calls": calls }));
+    }
+    assert_eq!(moved(&sb, before).reused, 3);
+    assert_eq!(sb.warm_idle(), 1);
+}
+
 /// An HTTP task on a kept instance: each task's requests are counted as its own, and the
 /// egress list is the task's. An instance whose guest still holds a response or body when
 /// its task ends is not kept: componentize-js's `fetch` leaves them to its garbage collector,
