@@ -3,8 +3,9 @@
 //!
 //! Owns: the metric and label name constants (the worker records with
 //! `metrics::counter!(sweep::metrics::TASKS_CLAIMED)` and friends), [`install`] (the global
-//! Prometheus recorder, with descriptions and histogram buckets) and [`set_queue_gauges`]
-//! (the per-state task gauges, refreshed from the queue at scrape time).
+//! Prometheus recorder, with descriptions and histogram buckets), [`set_queue_gauges`]
+//! (the per-state task gauges, refreshed from the queue at scrape time) and
+//! [`set_instance_metrics`] (the kept instances, from the sandbox at scrape time).
 //!
 //! Invariants:
 //! - the recorder is installed at most once per process; [`install`] is idempotent and every
@@ -22,6 +23,7 @@ use metrics::Unit;
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::queue::{TaskState, TypeStats};
+use crate::sandbox::WarmStats;
 
 /// Counter: tasks claimed by this runner.
 pub const TASKS_CLAIMED: &str = "sweep_tasks_claimed_total";
@@ -82,8 +84,17 @@ pub const TENANT_BYTES_SENT: &str = "sweep_tenant_http_sent_bytes_total";
 /// Counter, label [`LABEL_TENANT`]: response body bytes the tenant's attempts received.
 pub const TENANT_BYTES_RECEIVED: &str = "sweep_tenant_http_received_bytes_total";
 
+/// Gauge: component instances this process keeps idle for their version's next task.
+pub const INSTANCES_IDLE: &str = "sweep_instances_idle";
+/// Counter, label [`LABEL_EVENT`]: what became of kept instances in this process: `kept` (put
+/// back after a task), `dropped` (after a task that did not end cleanly, or held resources),
+/// `evicted` (idle too long, or its slot was wanted), `refused` (its command runs once).
+pub const INSTANCE_EVENTS: &str = "sweep_instance_events_total";
+
 /// Label of [`TASK_OUTCOMES`].
 pub const LABEL_KIND: &str = "kind";
+/// Label of [`INSTANCE_EVENTS`].
+pub const LABEL_EVENT: &str = "event";
 pub const LABEL_TENANT: &str = "tenant";
 pub const LABEL_TASK_TYPE: &str = "task_type";
 pub const LABEL_STATE: &str = "state";
@@ -171,6 +182,8 @@ fn describe() {
     describe_gauge!(TASKS, Unit::Count, "Tasks by tenant, task type and state (dead included).");
     describe_gauge!(OLDEST_DUE, Unit::Seconds, "Age of the oldest due task, by type.");
     describe_gauge!(RUNNERS, Unit::Count, "Runners registered in the database.");
+    describe_gauge!(INSTANCES_IDLE, Unit::Count, "Component instances kept idle for a next task.");
+    describe_counter!(INSTANCE_EVENTS, Unit::Count, "Kept instances put back, dropped, evicted.");
     describe_counter!(
         MODULE_COMPILES,
         Unit::Count,
@@ -230,6 +243,20 @@ pub fn set_queue_gauges(stats: &[TypeStats], runners: usize) {
     metrics::gauge!(RUNNERS).set(runners as f64);
 }
 
+/// Sets the kept-instance metrics from the sandbox's pool: read at scrape time, like the task
+/// gauges, since the pool keeps its own counts.
+pub fn set_instance_metrics(stats: WarmStats, idle: usize) {
+    metrics::gauge!(INSTANCES_IDLE).set(idle as f64);
+    for (event, count) in [
+        ("kept", stats.kept),
+        ("dropped", stats.dropped),
+        ("evicted", stats.evicted),
+        ("refused", stats.refused),
+    ] {
+        metrics::counter!(INSTANCE_EVENTS, LABEL_EVENT => event).absolute(count);
+    }
+}
+
 fn set_type(tenant: &str, task_type: &str, s: Option<&TypeStats>) {
     let counts = s.map_or([0; 7], |s| {
         [s.blocked, s.pending, s.running, s.retrying, s.succeeded, s.cancelled, s.dead]
@@ -273,6 +300,19 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# HELP sweep_runners"), "{text}");
+
+        let pool = WarmStats { reused: 9, kept: 7, dropped: 2, evicted: 1, refused: 0 };
+        set_instance_metrics(pool, 4);
+        let text = a.render();
+        for line in [
+            "sweep_instances_idle 4",
+            "sweep_instance_events_total{event=\"kept\"} 7",
+            "sweep_instance_events_total{event=\"dropped\"} 2",
+            "sweep_instance_events_total{event=\"evicted\"} 1",
+            "sweep_instance_events_total{event=\"refused\"} 0",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in {text}");
+        }
 
         // A series that vanishes from the stats drops to zero instead of going stale.
         set_queue_gauges(&[], 0);

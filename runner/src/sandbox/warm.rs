@@ -91,7 +91,7 @@ impl Warm {
     }
 }
 
-/// Counts of what the pool did, for tests and the bench.
+/// Counts of what the pool did, for tests, the bench and `/metrics`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WarmStats {
     /// Tasks run on a kept instance.

@@ -171,6 +171,8 @@ pub async fn metrics(state: AdminState, caller: Caller) -> Answer {
     let stats = queue::queue_stats(state.store(), None).await?;
     let runners = queue::list_runners(state.store()).await?;
     crate::metrics::set_queue_gauges(&stats, runners.len());
+    let sandbox = state.sandbox();
+    crate::metrics::set_instance_metrics(sandbox.warm_stats(), sandbox.warm_idle());
     let mut response = handle.render().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
