@@ -158,14 +158,27 @@ pub async fn count_unfinished<'c, E: PgExecutor<'c>>(executor: E) -> Result<i64,
 /// Whether any task is not finished yet: cheap enough to ask every few milliseconds, unlike
 /// [`count_unfinished`], which reads the whole backlog.
 pub async fn any_unfinished<'c, E: PgExecutor<'c>>(executor: E) -> Result<bool, QueueError> {
-    // The first id by the primary key, not `exists (select 1 ...)`: that is a sequential scan
-    // reading every dead row at the front of the heap, milliseconds a probe once a drain is
-    // under way, which the benchmarks would count as Postgres time per task.
-    let first: Option<i64> =
-        sqlx::query_scalar(r#"select id from sweep.tasks order by id limit 1"#)
+    // The last id by the primary key. Not `exists (select 1 ...)`: a sequential scan reads
+    // every dead row at the front of the heap. Not the first id either: runners take tasks
+    // about in id order, so the front of the index is the entries of finished tasks until a
+    // vacuum, which every probe walked (0.6 ms a probe, 2% of Postgres's time in a drain, in
+    // `pg_stat_statements`); the back is the tasks taken last, live until the end.
+    let last: Option<i64> =
+        sqlx::query_scalar(r#"select id from sweep.tasks order by id desc limit 1"#)
             .fetch_optional(executor)
             .await?;
-    Ok(first.is_some())
+    Ok(last.is_some())
+}
+
+/// The lowest id of a task not finished yet, if any: a drain's progress where tasks are taken
+/// about in id order, for the price of a walk over the finished ones' index entries instead of
+/// [`count_unfinished`]'s read of the whole backlog.
+pub async fn first_unfinished<'c, E: PgExecutor<'c>>(
+    executor: E,
+) -> Result<Option<i64>, QueueError> {
+    Ok(sqlx::query_scalar(r#"select id from sweep.tasks order by id limit 1"#)
+        .fetch_optional(executor)
+        .await?)
 }
 
 /// Percentiles (in seconds) of `started_at - run_at` over succeeded tasks that recorded a
