@@ -183,7 +183,11 @@ fn describe() {
     describe_gauge!(OLDEST_DUE, Unit::Seconds, "Age of the oldest due task, by type.");
     describe_gauge!(RUNNERS, Unit::Count, "Runners registered in the database.");
     describe_gauge!(INSTANCES_IDLE, Unit::Count, "Component instances kept idle for a next task.");
-    describe_counter!(INSTANCE_EVENTS, Unit::Count, "Kept instances put back, dropped, evicted.");
+    describe_counter!(
+        INSTANCE_EVENTS,
+        Unit::Count,
+        "Kept instances: kept, dropped, evicted, refused."
+    );
     describe_counter!(
         MODULE_COMPILES,
         Unit::Count,
