@@ -38,6 +38,7 @@ mod cancels;
 mod capabilities;
 mod execute;
 mod guests;
+mod in_flight;
 mod intake;
 mod liveness;
 mod maintenance;
@@ -46,19 +47,15 @@ mod report;
 mod scheduler;
 
 use std::{
-    collections::HashMap,
     future::Future,
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
-        Arc, Mutex, PoisonError,
+        Arc,
     },
     time::Instant,
 };
 
-use tokio::{
-    sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore},
-    task::AbortHandle,
-};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use self::intake::{Intake, Reservation, Ticket};
@@ -66,8 +63,7 @@ use self::liveness::{HeldLeases, Hold, Reachability};
 use crate::{
     config::WorkerConfig,
     queue::{
-        self, ClaimCursor, ClaimMode, ClaimedTask, Conn, Connects, QueueError, Role, Store, TaskId,
-        Wakeups,
+        self, ClaimCursor, ClaimMode, ClaimedTask, Conn, Connects, QueueError, Role, Store, Wakeups,
     },
     sandbox::{ModuleCache, Sandbox, SandboxError, SharedArtifacts},
 };
@@ -112,18 +108,7 @@ pub struct Worker {
     minutes: Arc<minutes::Tally>,
 }
 
-/// The tasks currently executing, so a shutdown can abort and hand back what is left, and a
-/// cancel can stop one.
-type InFlight = Arc<Mutex<HashMap<TaskId, Running>>>;
-
-/// One executing attempt.
-#[derive(Debug)]
-struct Running {
-    attempt: i32,
-    abort: AbortHandle,
-    /// Stops the guest (with when the request reached this runner); taken when sent.
-    cancel: Option<oneshot::Sender<Instant>>,
-}
+type InFlight = Arc<in_flight::InFlight>;
 
 /// What a claim lane shares with the others.
 struct Lane {
@@ -434,14 +419,20 @@ impl Worker {
         if claimed.len() == want && more {
             lane.wakeups.wake();
         }
+        // Entered before anything is awaited, so a cancel that arrives while the batch's
+        // capabilities are read is kept for the guest instead of waiting for the poll.
+        let cancels = lane.in_flight.enter(claimed.iter().map(|t| (t.id, t.attempt)));
         if let Some(conn) = held.conn.as_mut() {
             self.capabilities.prefetch(conn, &claimed).await;
         }
         let mut seats = seats.split(claimed.len());
-        for task in claimed {
-            let Some(seat) = seats.pop() else { break };
+        for (task, cancelled) in claimed.into_iter().zip(cancels) {
+            let Some(seat) = seats.pop() else {
+                lane.in_flight.leave(task.id);
+                continue;
+            };
             let hold = Hold::new(&lane.leases, (task.id, task.attempt));
-            self.spawn_task(task, seat, hold, lane);
+            self.spawn_task(task, seat, hold, lane, cancelled);
         }
         Claimed::Tasks(count)
     }
@@ -506,17 +497,22 @@ impl Worker {
         }
     }
 
-    fn spawn_task(&self, task: ClaimedTask, seat: Seat, hold: Hold, lane: &Lane) {
-        let (id, attempt) = (task.id, task.attempt);
+    /// Spawns a claimed task entered in `lane.in_flight`; `cancelled` is its entry's receiver
+    /// (a cancel sent before is waiting in it).
+    fn spawn_task(
+        &self,
+        task: ClaimedTask,
+        seat: Seat,
+        hold: Hold,
+        lane: &Lane,
+        cancelled: oneshot::Receiver<Instant>,
+    ) {
+        let id = task.id;
         let worker = self.clone();
         let reports = lane.reports.clone();
         let registry = Arc::clone(&lane.in_flight);
         let (slots, stop) = (Arc::clone(&lane.slots), lane.stop.clone());
-        // Hold the map's lock across spawn + insert so the task cannot remove its entry before
-        // it was added.
-        let mut map = lane.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
         let control = tokio::runtime::Handle::current();
-        let (cancel, cancelled) = oneshot::channel();
         let handle = self.guests.spawn(async move {
             // A fairly claimed task may have been claimed ahead: it waits for a slot, in claim
             // order, and goes back untouched if the runner stops first.
@@ -545,7 +541,7 @@ impl Worker {
                     .await
                 }
             };
-            registry.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+            registry.leave(id);
             let ran_for = report.ran().then_some(report.execution.duration);
             // The reporter outlives every task (it stops only when all senders are gone), and
             // lets the lease go once the report is written.
@@ -556,20 +552,13 @@ impl Worker {
             drop(slot);
             seat.finished(ran_for);
         });
-        map.insert(id, Running { attempt, abort: handle.abort_handle(), cancel: Some(cancel) });
+        // A task that already left (it ended first) is not entered again.
+        lane.in_flight.spawned(id, handle.abort_handle());
     }
 
     /// Aborts whatever still runs after the grace period and hands it back to the queue.
     async fn hand_back(&self, in_flight: &InFlight) -> u64 {
-        let stuck: Vec<(TaskId, i32)> = {
-            let mut map = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
-            map.drain()
-                .map(|(id, running)| {
-                    running.abort.abort();
-                    (id, running.attempt)
-                })
-                .collect()
-        };
+        let stuck = in_flight.abort_all();
         if stuck.is_empty() {
             return 0;
         }

@@ -117,6 +117,63 @@ async fn a_cancel_stops_a_spinning_guest_and_a_sleeping_one(
     runner.stop().await;
 }
 
+/// A cancel committed after the claim (the tasks show `running`) and before the runner spawned
+/// them, while it reads the batch's capabilities, is kept for the guests: they stop at their
+/// start. The lease is long, so the poll backstop (a third of it) comes after `wait_ended` gives
+/// up: only the notification, kept across the gap, can end these tasks in time.
+#[sqlx::test(migrations = false)]
+async fn a_cancel_between_the_claim_and_the_spawn_stops_the_guest_at_its_start(
+    _: PgPoolOptions,
+    db: PgConnectOptions,
+) {
+    let db = migrated(db).await;
+    let pool = db.pool();
+    // Two queues, so the claimed batch has two capability sets to read in one statement.
+    register(&pool, "spin", "spinloop", long()).await;
+    register(&pool, "spin2", "spinloop", long()).await;
+    // Holds the runner's read of the batch's capabilities until the cancels are committed.
+    let mut gate = pool.begin().await.unwrap();
+    sqlx::query("lock table sweep.tenant_egress in access exclusive mode")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    // Enqueued before the runner starts, so its first claim takes both.
+    let batch = [NewTask::new("spin", json!({})), NewTask::new("spin2", json!({}))];
+    let ids: Vec<TaskId> =
+        queue::enqueue_many(&pool, &batch).await.unwrap().into_iter().map(|t| t.id).collect();
+    let config = sweep::config::WorkerConfig { lease: Duration::from_secs(600), ..test_config() };
+    let runner = start_worker(&db, config);
+    for &id in &ids {
+        wait_for(&pool, id, "to run", running).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "select count(*) from pg_locks \
+             where not granted and relation = 'sweep.tenant_egress'::regclass",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the runner never read capabilities");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for &id in &ids {
+        assert!(matches!(queue::cancel(&pool, None, id).await, Ok(Cancel::Requested { .. })));
+    }
+    gate.commit().await.unwrap();
+
+    for &id in &ids {
+        let t = wait_ended(&pool, id).await;
+        assert_stopped(&t);
+        println!("task {id}: {:.1} ms from the request to the report", latencies(&t).1);
+    }
+    runner.stop().await;
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_runner_that_cannot_listen_polls_for_the_cancel(_: PgPoolOptions, db: PgConnectOptions) {
     let db = migrated(db).await;

@@ -9,20 +9,21 @@
 //! default, only for a missed notification). The sandbox then stops the instance within one
 //! epoch tick (see `sandbox::run`).
 //!
-//! Invariants: a signal goes only to the attempt it names (a request for an attempt this runner
-//! no longer runs is ignored: the report of that attempt reads the request itself, see
-//! `queue::complete`); each attempt is signalled once. Nothing here is on the claim → run →
+//! Invariants: a signal goes only to the attempt it names, once, also when it comes before the
+//! claim of that attempt returned or while its batch is prepared (see `in_flight`); a request
+//! for an attempt this runner no longer runs is not answered (the report of that attempt reads
+//! the request itself, see `queue::complete`). Nothing here is on the claim → run →
 //! report path: the poll is one statement per period for the whole runner, and none while it
 //! holds nothing.
 
-use std::{sync::PoisonError, time::Duration, time::Instant};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
 use super::liveness::HeldLeases;
 use super::InFlight;
-use crate::queue::{self, CancelRequest, Store, TaskId};
+use crate::queue::{self, CancelRequest, Store};
 
 pub(super) struct Cancels {
     pub(super) store: Store,
@@ -42,17 +43,19 @@ pub(super) async fn run(mut c: Cancels, mut stop: watch::Receiver<bool>) {
             biased;
             _ = stop.changed() => return,
             request = next(&mut c.notified) => match request {
-                Some(r) if r.runner == c.runner => signal(&c.in_flight, r.task, r.attempt),
+                Some(r) if r.runner == c.runner => c.in_flight.signal(r.task, r.attempt),
                 Some(_) => {}
                 // The listener is gone (only when the runner stops): keep polling.
                 None => c.notified = None,
             },
             _ = interval.tick() => {
+                // A kept request older than a period had its attempt's claim return long ago.
+                c.in_flight.forget_early(c.poll);
                 let held = c.leases.snapshot();
                 match queue::cancel_requests(&c.store, c.runner, &held).await {
                     Ok(requested) => {
                         for (task, attempt) in requested {
-                            signal(&c.in_flight, task, attempt);
+                            c.in_flight.signal(task, attempt);
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "polling for cancel requests failed"),
@@ -68,16 +71,5 @@ async fn next(
     match notified {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
-    }
-}
-
-/// Tells the running attempt to stop, if this runner still runs it.
-fn signal(in_flight: &InFlight, task: TaskId, attempt: i32) {
-    let mut map = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
-    let Some(running) = map.get_mut(&task).filter(|r| r.attempt == attempt) else { return };
-    if let Some(cancel) = running.cancel.take() {
-        tracing::info!(id = task, attempt, "cancel requested: stopping the instance");
-        // The guest may have ended meanwhile (its receiver gone): its report reads the request.
-        let _ = cancel.send(Instant::now());
     }
 }
