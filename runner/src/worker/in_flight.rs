@@ -13,11 +13,11 @@
 //!   guest starts is found by the guest at its start.
 
 use std::{
-    collections::HashMap,
     sync::{Mutex, MutexGuard, PoisonError},
     time::{Duration, Instant},
 };
 
+use rustc_hash::FxHashMap;
 use tokio::{sync::oneshot, task::AbortHandle};
 
 use crate::queue::TaskId;
@@ -27,11 +27,12 @@ pub(super) struct InFlight {
     entries: Mutex<Entries>,
 }
 
+/// Hashed with Fx, as the held leases are (`liveness`): keys are task ids, from a sequence.
 #[derive(Debug, Default)]
 struct Entries {
-    running: HashMap<TaskId, Running>,
+    running: FxHashMap<TaskId, Running>,
     /// Cancels for attempts not entered: the attempt and when the request reached the runner.
-    early: HashMap<TaskId, (i32, Instant)>,
+    early: FxHashMap<TaskId, (i32, Instant)>,
 }
 
 /// One claimed attempt.
