@@ -19,16 +19,50 @@ use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 
 use crate::queue::{self, lag_bucket, MinuteDelta, QueueError, Store, MINUTE_LAG_BUCKETS};
 
-type Key = (String, String, DateTime<Utc>);
+/// Counts by tenant, then task type, then minute: nested so that counting into a key that
+/// exists borrows the names instead of copying them (twice per task), and so that a flush
+/// sends the keys in order.
+type Counts = BTreeMap<String, BTreeMap<String, BTreeMap<DateTime<Utc>, MinuteDelta>>>;
 
 /// Counts not yet added to Postgres, by (tenant, task type, minute).
 #[derive(Debug, Default)]
 pub struct Tally {
-    counts: Mutex<BTreeMap<Key, MinuteDelta>>,
+    counts: Mutex<Counts>,
 }
 
 fn minute(at: DateTime<Utc>) -> DateTime<Utc> {
     at.duration_trunc(TimeDelta::minutes(1)).unwrap_or(at)
+}
+
+fn empty(tenant: &str, task_type: &str, minute: DateTime<Utc>) -> MinuteDelta {
+    MinuteDelta {
+        tenant: tenant.to_owned(),
+        task_type: task_type.to_owned(),
+        minute,
+        succeeded: 0,
+        failed: 0,
+        failures: BTreeMap::new(),
+        started: 0,
+        lag_ms: vec![0; MINUTE_LAG_BUCKETS],
+    }
+}
+
+/// The delta of (tenant, task type, minute) in `counts`, made empty if there is none.
+fn entry<'a>(
+    counts: &'a mut Counts,
+    tenant: &str,
+    task_type: &str,
+    minute: DateTime<Utc>,
+) -> &'a mut MinuteDelta {
+    if !counts.contains_key(tenant) {
+        counts.insert(tenant.to_owned(), BTreeMap::new());
+    }
+    let types = counts.get_mut(tenant).expect("inserted above");
+    if !types.contains_key(task_type) {
+        types.insert(task_type.to_owned(), BTreeMap::new());
+    }
+    let minutes = types.get_mut(task_type).expect("inserted above");
+    minutes.entry(minute).or_insert_with(|| empty(tenant, task_type, minute))
 }
 
 impl Tally {
@@ -39,22 +73,8 @@ impl Tally {
         at: DateTime<Utc>,
         f: impl FnOnce(&mut MinuteDelta),
     ) {
-        let minute = minute(at);
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let delta =
-            counts.entry((tenant.to_owned(), task_type.to_owned(), minute)).or_insert_with(|| {
-                MinuteDelta {
-                    tenant: tenant.to_owned(),
-                    task_type: task_type.to_owned(),
-                    minute,
-                    succeeded: 0,
-                    failed: 0,
-                    failures: BTreeMap::new(),
-                    started: 0,
-                    lag_ms: vec![0; MINUTE_LAG_BUCKETS],
-                }
-            });
-        f(delta);
+        f(entry(&mut counts, tenant, task_type, minute(at)));
     }
 
     /// A task started `lag_ms` after it was due.
@@ -80,23 +100,22 @@ impl Tally {
     pub async fn flush(&self, store: &Store) -> Result<(), QueueError> {
         let taken =
             std::mem::take(&mut *self.counts.lock().unwrap_or_else(PoisonError::into_inner));
-        if taken.is_empty() {
+        // In key order, as the nesting keeps them: runners flushing at once upsert the same
+        // rows in the same order.
+        let deltas: Vec<MinuteDelta> = taken
+            .into_values()
+            .flat_map(BTreeMap::into_values)
+            .flat_map(BTreeMap::into_values)
+            .collect();
+        if deltas.is_empty() {
             return Ok(());
         }
-        let deltas: Vec<MinuteDelta> = taken.values().cloned().collect();
         match queue::add_minutes(store, &deltas).await {
             Ok(()) => Ok(()),
             Err(e) => {
                 let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-                for (key, delta) in taken {
-                    let kept = counts.entry(key).or_insert_with(|| MinuteDelta {
-                        succeeded: 0,
-                        failed: 0,
-                        failures: BTreeMap::new(),
-                        started: 0,
-                        lag_ms: vec![0; MINUTE_LAG_BUCKETS],
-                        ..delta.clone()
-                    });
+                for delta in deltas {
+                    let kept = entry(&mut counts, &delta.tenant, &delta.task_type, delta.minute);
                     kept.succeeded += delta.succeeded;
                     kept.failed += delta.failed;
                     kept.started += delta.started;
@@ -128,7 +147,8 @@ mod tests {
         tally.ended("acme", "mail", Some("timeout"));
         tally.ended("acme", "sms", Some("trap"));
         let counts = tally.counts.lock().unwrap();
-        let mail: Vec<&MinuteDelta> = counts.values().filter(|d| d.task_type == "mail").collect();
+        let mail: Vec<&MinuteDelta> = counts["acme"]["mail"].values().collect();
+        assert_eq!(counts["acme"]["sms"].values().map(|d| d.failed).sum::<i64>(), 1);
         let started: i64 = mail.iter().map(|d| d.started).sum();
         let timeouts: i64 =
             mail.iter().map(|d| d.failures.get("timeout").copied().unwrap_or(0)).sum();
