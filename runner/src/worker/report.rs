@@ -261,22 +261,26 @@ impl Pending {
             return;
         }
         let since = Instant::now();
-        let (unrun, batch): (Vec<Report>, Vec<Report>) =
-            batch.into_iter().partition(|r| matches!(r.execution.outcome, Outcome::NoCapacity(_)));
-        let (done, failed): (Vec<Report>, Vec<Report>) = batch
-            .into_iter()
-            .partition(|r| r.execution.outcome.is_success() && r.follow_ups.is_ok());
-        let mut add = |writes: Writes| {
+        // One pass, each report turned into its statement's row where it lies: a report is
+        // large, and sorting whole reports into lists first moved each of them twice.
+        let (mut unrun, mut done, mut failed) = (Vec::new(), Vec::new(), Vec::new());
+        let mut rng = rand::rng();
+        for r in batch {
+            if matches!(r.execution.outcome, Outcome::NoCapacity(_)) {
+                // The sandbox had no instance slot: nothing of the guest ran, so the attempt
+                // is not the task's. Back to the queue, uncounted.
+                unrun.push((r.task.id, r.task.attempt));
+            } else if r.execution.outcome.is_success() && r.follow_ups.is_ok() {
+                done.push(completion(r));
+            } else {
+                failed.push(failure(&r, &mut rng));
+            }
+        }
+        for writes in [Writes::Release(unrun), Writes::Complete(done), Writes::Fail(failed)] {
             if writes.len() > 0 {
                 self.groups.push_back(Group { writes, since, weight: None });
             }
-        };
-        // The sandbox had no instance slot for these: nothing of the guest ran, so the attempt
-        // is not the task's. Back to the queue, uncounted.
-        add(Writes::Release(unrun.iter().map(|r| (r.task.id, r.task.attempt)).collect()));
-        add(Writes::Complete(done.into_iter().map(completion).collect()));
-        let mut rng = rand::rng();
-        add(Writes::Fail(failed.iter().map(|r| failure(r, &mut rng)).collect()));
+        }
     }
 
     /// When the oldest group is to be given up (now when there is none).
