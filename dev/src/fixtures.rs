@@ -182,6 +182,27 @@ pub async fn first_unfinished<'c, E: PgExecutor<'c>>(
         .await?)
 }
 
+/// Seconds from the first start to the last end of the finished tasks from id `first` on: the
+/// first claim's and the last completion's transaction times, the database's clock. A drain's
+/// work without the runner's start or the commit of its last report, which is the span
+/// Graphile Worker's bench times in its own process (its first job's start to its last job's
+/// end).
+pub async fn work_span<'c, E: PgExecutor<'c>>(
+    executor: E,
+    first: i64,
+) -> Result<Option<f64>, QueueError> {
+    Ok(sqlx::query_scalar(
+        r#"
+        select extract(epoch from max(finished_at) - min(started_at))::float8
+        from sweep.finished_tasks
+        where id >= $1
+        "#,
+    )
+    .bind(first)
+    .fetch_one(executor)
+    .await?)
+}
+
 /// Percentiles (in seconds) of `started_at - run_at` over succeeded tasks that recorded a
 /// start.
 pub async fn start_latency_percentiles<'c, E: PgExecutor<'c>>(

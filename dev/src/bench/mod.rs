@@ -283,6 +283,7 @@ async fn throughput(
     runner.await??;
 
     let rate = n as f64 / secs;
+    let span = fixtures::work_span(pool, first).await?;
     let reused = sandbox.warm_stats().reused;
     let instances = if reused == 0 {
         "fresh instance per task".to_owned()
@@ -294,6 +295,14 @@ async fn throughput(
          {instances}, fuel + epoch deadline + memory + output limits on)",
         config.batch_size, config.concurrency
     );
+    if let Some(span) = span.filter(|s| *s > 0.0) {
+        println!(
+            "span from the first task's start to the last task's end: {span:.2}s: {:.0} tasks/s \
+             (the span Graphile Worker's bench times; the drain above adds the runner's start \
+             and the wait for the last report's commit)",
+            n as f64 / span
+        );
+    }
     let per_task = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
     println!(
         "CPU per task: runner {:.1} us (user {:.1}, system {:.1}; includes this benchmark's \
