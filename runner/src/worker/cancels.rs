@@ -55,7 +55,7 @@ pub(super) async fn run(mut c: Cancels, mut stop: watch::Receiver<bool>) {
                 match queue::cancel_requests(&c.store, c.runner, &held).await {
                     Ok(requested) => {
                         for (task, attempt) in requested {
-                            c.in_flight.signal(task, attempt);
+                            c.in_flight.signal_held(task, attempt);
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "polling for cancel requests failed"),

@@ -7,8 +7,9 @@
 //!   cancel may name it from then on, also while its batch's capabilities are still read;
 //! - a cancel is delivered once, to the attempt it names; one for an attempt of this runner
 //!   not entered yet (the notification outran the claim's own answer) is kept and delivered by
-//!   [`InFlight::enter`]; one for an attempt that already left waits in the same place
-//!   unanswered (its report read the request itself) until [`InFlight::forget_early`];
+//!   [`InFlight::enter`]; a notified one for an attempt that already left waits in the same
+//!   place unanswered (its report read the request itself) until [`InFlight::forget_early`];
+//!   a polled one for such an attempt is dropped at once;
 //! - the entry's cancel channel exists before the guest does, so a cancel sent before the
 //!   guest starts is found by the guest at its start.
 
@@ -82,8 +83,20 @@ impl InFlight {
         self.lock().running.remove(&task);
     }
 
-    /// Tells the attempt to stop if it is entered, or keeps the request for [`Self::enter`].
+    /// Tells the attempt to stop if it is entered, or keeps the request for [`Self::enter`]: a
+    /// notification can outrun the claim's own answer.
     pub(super) fn signal(&self, task: TaskId, attempt: i32) {
+        self.stop(task, attempt, true);
+    }
+
+    /// Tells the attempt to stop if it is entered. For requests found by polling the held
+    /// leases: a lease is held from the spawn, after the entry, so a miss is an attempt that
+    /// already left (its report is being written), never one still to come.
+    pub(super) fn signal_held(&self, task: TaskId, attempt: i32) {
+        self.stop(task, attempt, false);
+    }
+
+    fn stop(&self, task: TaskId, attempt: i32, keep: bool) {
         let mut entries = self.lock();
         match entries.running.get_mut(&task) {
             Some(running) if running.attempt == attempt => {
@@ -91,9 +104,10 @@ impl InFlight {
             }
             // Another attempt of the task runs here: the request was for an older one.
             Some(_) => {}
-            None => {
+            None if keep => {
                 entries.early.insert(task, (attempt, Instant::now()));
             }
+            None => {}
         }
     }
 
@@ -156,6 +170,13 @@ mod tests {
         assert_eq!(in_flight.lock().early.len(), 0);
         in_flight.leave(1);
         assert_eq!(in_flight.abort_all(), vec![]);
+    }
+
+    #[test]
+    fn a_polled_request_for_an_attempt_that_left_is_not_kept() {
+        let in_flight = InFlight::default();
+        in_flight.signal_held(7, 1);
+        assert_eq!(in_flight.lock().early.len(), 0);
     }
 
     #[test]
